@@ -1,0 +1,178 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Class describes an agent class to register with a Runtime.
+type Class struct {
+	// Name is the class name, such as "Counter" or "AIAssistant". Clients
+	// address it by its kebab-case route name (see Kebab).
+	Name string
+	// New returns a fresh, zero instance. The runtime binds it, loads its
+	// state and calls OnStart before it is used.
+	New func() Agent
+	// Callable lists the method names clients may call over RPC, in the
+	// wire spelling ("increment", "countTo"). Each maps to the exported Go
+	// method of the same name with its first letter upper-cased. A method
+	// whose first parameter after an optional context.Context is a *Stream
+	// is a streaming method.
+	Callable []string
+}
+
+// Agent is implemented by every agent type by embedding Base.
+type Agent interface {
+	base() *Base
+}
+
+type classInfo struct {
+	Class
+	route     string
+	typ       reflect.Type
+	callables map[string]*method
+}
+
+var (
+	ctxType    = reflect.TypeFor[context.Context]()
+	errType    = reflect.TypeFor[error]()
+	streamType = reflect.TypeFor[*Stream]()
+)
+
+// method is a reflected agent method that can be invoked with JSON arguments.
+type method struct {
+	name      string // Go name
+	index     int    // method index on the pointer type
+	hasCtx    bool
+	streaming bool
+	params    []reflect.Type // after ctx and stream
+	hasResult bool
+	hasErr    bool
+}
+
+func newClassInfo(c Class) (*classInfo, error) {
+	if c.Name == "" || c.New == nil {
+		return nil, fmt.Errorf("agent: class needs a Name and a New function")
+	}
+	sample := c.New()
+	if sample == nil {
+		return nil, fmt.Errorf("agent: class %s: New returned nil", c.Name)
+	}
+	ci := &classInfo{Class: c, route: Kebab(c.Name), typ: reflect.TypeOf(sample), callables: map[string]*method{}}
+	if ci.route == "sub" || ci.route == "" {
+		return nil, fmt.Errorf("agent: class %s: route name %q is reserved", c.Name, ci.route)
+	}
+	for _, wire := range c.Callable {
+		m, err := reflectMethod(ci.typ, goMethodName(wire))
+		if err != nil {
+			return nil, fmt.Errorf("agent: class %s: callable %q: %w", c.Name, wire, err)
+		}
+		ci.callables[wire] = m
+	}
+	return ci, nil
+}
+
+// goMethodName maps a wire method name to its Go spelling.
+func goMethodName(wire string) string {
+	r, n := utf8.DecodeRuneInString(wire)
+	if r == utf8.RuneError {
+		return wire
+	}
+	return string(unicode.ToUpper(r)) + wire[n:]
+}
+
+// reflectMethod finds and checks the signature of an exported method:
+// func([ctx context.Context,] [s *Stream,] args...) [R] [error].
+func reflectMethod(typ reflect.Type, name string) (*method, error) {
+	rm, ok := typ.MethodByName(name)
+	if !ok {
+		return nil, fmt.Errorf("no method %s on %s", name, typ)
+	}
+	ft := rm.Type // receiver is In(0)
+	m := &method{name: name, index: rm.Index}
+	i := 1
+	if i < ft.NumIn() && ft.In(i) == ctxType {
+		m.hasCtx = true
+		i++
+	}
+	if i < ft.NumIn() && ft.In(i) == streamType {
+		m.streaming = true
+		i++
+	}
+	if ft.IsVariadic() {
+		return nil, fmt.Errorf("method %s: variadic methods are not supported", name)
+	}
+	for ; i < ft.NumIn(); i++ {
+		m.params = append(m.params, ft.In(i))
+	}
+	switch ft.NumOut() {
+	case 0:
+	case 1:
+		if ft.Out(0) == errType {
+			m.hasErr = true
+		} else {
+			m.hasResult = true
+		}
+	case 2:
+		if ft.Out(1) != errType {
+			return nil, fmt.Errorf("method %s: second result must be error", name)
+		}
+		m.hasResult, m.hasErr = true, true
+	default:
+		return nil, fmt.Errorf("method %s: too many results", name)
+	}
+	return m, nil
+}
+
+// ArgumentError reports client arguments that do not fit a method.
+type ArgumentError struct {
+	Method string
+	Index  int
+	Err    error
+}
+
+func (e *ArgumentError) Error() string {
+	return fmt.Sprintf("invalid argument %d for %s: %v", e.Index, e.Method, e.Err)
+}
+
+func (e *ArgumentError) Unwrap() error { return e.Err }
+
+// invoke calls m on recv with JSON arguments. A panic in the method is
+// returned as an error.
+func (m *method) invoke(ctx context.Context, recv reflect.Value, stream *Stream, args []json.RawMessage) (result any, err error) {
+	in := make([]reflect.Value, 0, len(m.params)+2)
+	if m.hasCtx {
+		in = append(in, reflect.ValueOf(ctx))
+	}
+	if m.streaming {
+		in = append(in, reflect.ValueOf(stream))
+	}
+	for i, pt := range m.params {
+		v := reflect.New(pt)
+		if i < len(args) && len(args[i]) > 0 && string(args[i]) != "null" {
+			if err := json.Unmarshal(args[i], v.Interface()); err != nil {
+				return nil, &ArgumentError{Method: m.name, Index: i, Err: err}
+			}
+		}
+		in = append(in, v.Elem())
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%s panicked: %v", m.name, p)
+		}
+	}()
+	out := recv.Method(m.index).Call(in)
+	if m.hasErr {
+		if e := out[len(out)-1]; !e.IsNil() {
+			return nil, e.Interface().(error)
+		}
+	}
+	if m.hasResult {
+		return out[0].Interface(), nil
+	}
+	return nil, nil
+}

@@ -1,0 +1,187 @@
+package agent
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/store"
+)
+
+// instance is the in-memory side of one agent instance.
+type instance struct {
+	rt    *Runtime
+	path  Path
+	key   string
+	class *classInfo
+	agent Agent
+
+	ready      chan struct{} // closed when hydration finished
+	hydrateErr error
+	id         int64 // row id in instances
+
+	// busy and lastActive are guarded by rt.mu.
+	busy       int
+	lastActive time.Time
+
+	mu        sync.Mutex
+	state     json.RawMessage // nil when the agent has no state
+	conns     map[*Conn]struct{}
+	destroyed bool
+}
+
+func newInstance(rt *Runtime, path Path, ci *classInfo) *instance {
+	return &instance{
+		rt: rt, path: append(Path(nil), path...), key: path.String(), class: ci,
+		ready: make(chan struct{}), conns: map[*Conn]struct{}{},
+		lastActive: rt.clock.Now(),
+	}
+}
+
+func (in *instance) isReady() bool {
+	select {
+	case <-in.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// release drops a busy reference taken by acquire.
+func (in *instance) release() {
+	rt := in.rt
+	rt.mu.Lock()
+	in.busy--
+	in.lastActive = rt.clock.Now()
+	rt.mu.Unlock()
+}
+
+// hydrate creates the instance's rows if needed, loads its state, builds the
+// agent value and runs OnStart. It closes in.ready whatever the outcome.
+func (in *instance) hydrate() {
+	defer close(in.ready)
+	rt := in.rt
+	ctx := rt.ctx
+	err := rt.db.Update(ctx, func(tx store.Tx) error {
+		var parent sql.NullInt64
+		for i := range in.path {
+			p := in.path[:i+1]
+			now := rt.clock.Now().UnixMilli()
+			if _, err := tx.Exec(ctx, `INSERT INTO instances (path, class, name, parent_id, created_at)
+				VALUES (?, ?, ?, ?, ?) ON CONFLICT (path) DO NOTHING`,
+				p.String(), p.Leaf().Class, p.Leaf().Name, parent, now); err != nil {
+				return err
+			}
+			var id int64
+			var state sql.NullString
+			if err := tx.QueryRow(ctx, `SELECT id, state FROM instances WHERE path = ?`, p.String()).Scan(&id, &state); err != nil {
+				return err
+			}
+			parent = sql.NullInt64{Int64: id, Valid: true}
+			if i == len(in.path)-1 {
+				in.id = id
+				if state.Valid {
+					in.state = json.RawMessage(state.String)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		in.fail(fmt.Errorf("agent: hydrate %s: %w", in.key, err))
+		return
+	}
+	a := in.class.New()
+	a.base().bind(in)
+	in.agent = a
+	if s, ok := a.(Starter); ok {
+		if err := s.OnStart(ctx); err != nil {
+			in.fail(fmt.Errorf("agent: %s OnStart: %w", in.key, err))
+			return
+		}
+	}
+	rt.diag.Publish(diag.ChannelAgent, "start", in.key, map[string]any{"class": in.class.Name})
+}
+
+func (in *instance) fail(err error) {
+	in.hydrateErr = err
+	rt := in.rt
+	rt.mu.Lock()
+	if rt.instances[in.key] == in {
+		delete(rt.instances, in.key)
+	}
+	rt.mu.Unlock()
+	rt.log.Error("agent hydration failed", "agent", in.key, "err", err)
+}
+
+// setState persists state and broadcasts it to every connection but from.
+func (in *instance) setState(ctx context.Context, state json.RawMessage, from *Conn) error {
+	if !json.Valid(state) {
+		return errors.New("agent: state is not valid JSON")
+	}
+	err := in.rt.db.Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE instances SET state = ? WHERE id = ?`, string(state), in.id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("agent: persist state of %s: %w", in.key, err)
+	}
+	in.mu.Lock()
+	in.state = append(json.RawMessage(nil), state...)
+	in.mu.Unlock()
+	frame, _ := json.Marshal(stateFrame{Type: "cf_agent_state", State: state})
+	in.broadcast(frame, from)
+	if o, ok := in.agent.(StateObserver); ok {
+		o.OnStateUpdate(ctx, state, from)
+	}
+	return nil
+}
+
+func (in *instance) getState() json.RawMessage {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.state
+}
+
+// broadcast sends frame to every connection except those in exclude.
+func (in *instance) broadcast(frame []byte, exclude ...*Conn) {
+	in.mu.Lock()
+	targets := make([]*Conn, 0, len(in.conns))
+	for c := range in.conns {
+		skip := false
+		for _, x := range exclude {
+			if c == x {
+				skip = true
+				break
+			}
+		}
+		if !skip {
+			targets = append(targets, c)
+		}
+	}
+	in.mu.Unlock()
+	for _, c := range targets {
+		c.SendRaw(frame)
+	}
+}
+
+func (in *instance) connections() []*Conn {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	out := make([]*Conn, 0, len(in.conns))
+	for c := range in.conns {
+		out = append(out, c)
+	}
+	return out
+}
+
+func (in *instance) closeConns(code int, reason string) {
+	for _, c := range in.connections() {
+		c.Close(code, reason)
+	}
+}

@@ -1,0 +1,348 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/agentry/agentry/diag"
+)
+
+// Frame types of the Cloudflare Agents protocol handled by the runtime.
+const (
+	FrameIdentity   = "cf_agent_identity"
+	FrameState      = "cf_agent_state"
+	FrameStateError = "cf_agent_state_error"
+	FrameMCPServers = "cf_agent_mcp_servers"
+	FrameRPC        = "rpc"
+	// FrameError is Agentry's own frame for a client frame that could not
+	// be handled (malformed JSON, unknown type, too large). The npm clients
+	// ignore it; it is there for people and tests reading the wire.
+	FrameError = "agentry_error"
+)
+
+type identityFrame struct {
+	Type         string `json:"type"`
+	Name         string `json:"name"`
+	Agent        string `json:"agent"`
+	StateFollows bool   `json:"stateFollows,omitempty"`
+}
+
+type stateFrame struct {
+	Type  string          `json:"type"`
+	State json.RawMessage `json:"state"`
+}
+
+type stateErrorFrame struct {
+	Type  string `json:"type"`
+	Error string `json:"error"`
+}
+
+// ErrorFrame is the body of an agentry_error frame.
+type ErrorFrame struct {
+	Type  string `json:"type"`
+	Code  string `json:"code"`
+	Error string `json:"error"`
+}
+
+// emptyMCP is the MCP frame of an agent with no MCP servers.
+var emptyMCP = []byte(`{"type":"cf_agent_mcp_servers","mcp":{"servers":{},"tools":[],"prompts":[],"resources":[]}}`)
+
+// Connect attaches a client connection to the instance at path: it hydrates
+// the instance, sends the connect frames (identity, state, MCP servers), lets
+// layers add theirs, and runs OnConnect. The instance stays in memory until
+// the connection is closed with Disconnect.
+func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Request, t Transport) (*Conn, error) {
+	in, err := rt.acquire(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{id: id, inst: in, transport: t, request: r, seq: connSeq.Add(1)}
+	in.mu.Lock()
+	if in.destroyed {
+		in.mu.Unlock()
+		in.release()
+		return nil, ErrDestroyed
+	}
+	in.conns[c] = struct{}{}
+	state := in.state
+	in.mu.Unlock()
+
+	leaf := path.Leaf()
+	c.Send(identityFrame{Type: FrameIdentity, Name: leaf.Name, Agent: in.class.route, StateFollows: state != nil})
+	if state != nil {
+		c.Send(stateFrame{Type: FrameState, State: state})
+	}
+	c.SendRaw(emptyMCP)
+	cctx := WithConn(ctx, c)
+	if cf, ok := in.agent.(ConnectFramer); ok {
+		cf.ConnectFrames(cctx, c)
+	}
+	rt.diag.Publish(diag.ChannelAgent, "connect", in.key, map[string]any{"connection": id})
+	if h, ok := in.agent.(Connector); ok {
+		if err := h.OnConnect(cctx, c); err != nil {
+			rt.log.Warn("OnConnect refused a connection", "agent", in.key, "err", err)
+			var ce *CloseError
+			if errors.As(err, &ce) {
+				c.Close(ce.Code, ce.Reason)
+			} else {
+				c.Close(1011, "connection refused by agent")
+			}
+		}
+	}
+	return c, nil
+}
+
+// Disconnect detaches a closed connection and runs OnClose. The transport
+// calls it exactly once, when the socket is gone.
+func (c *Conn) Disconnect(code int, reason string) {
+	if c.closed.Swap(true) {
+		return
+	}
+	in := c.inst
+	in.mu.Lock()
+	delete(in.conns, c)
+	in.mu.Unlock()
+	if h, ok := in.agent.(Closer); ok {
+		h.OnClose(WithConn(in.rt.ctx, c), c, code, reason)
+	}
+	in.rt.diag.Publish(diag.ChannelAgent, "close", in.key, map[string]any{"connection": c.id, "code": code})
+	in.release()
+}
+
+// SendError sends an agentry_error frame.
+func (c *Conn) SendError(code, msg string) {
+	c.Send(ErrorFrame{Type: FrameError, Code: code, Error: msg})
+}
+
+type frameHead struct {
+	Type string `json:"type"`
+}
+
+// HandleFrame handles one text frame from the client. It never panics on bad
+// input: malformed or unknown frames are answered with an agentry_error frame
+// (or passed to OnMessage when the agent has one) and the connection goes on.
+func (c *Conn) HandleFrame(ctx context.Context, data []byte) {
+	in := c.inst
+	ctx = WithConn(ctx, c)
+	var head frameHead
+	if err := json.Unmarshal(data, &head); err != nil || head.Type == "" {
+		if h, ok := in.agent.(MessageHandler); ok {
+			c.onMessage(ctx, h, data)
+			return
+		}
+		if err != nil {
+			c.SendError("bad_json", "frame is not a JSON object: "+err.Error())
+		} else {
+			c.SendError("bad_frame", "frame has no type")
+		}
+		return
+	}
+	switch head.Type {
+	case FrameRPC:
+		c.handleRPC(ctx, data)
+		return
+	case FrameState:
+		c.handleClientState(ctx, data)
+		return
+	}
+	if fh, ok := in.agent.(FrameHandler); ok && fh.HandleFrame(ctx, c, head.Type, data) {
+		return
+	}
+	if h, ok := in.agent.(MessageHandler); ok {
+		c.onMessage(ctx, h, data)
+		return
+	}
+	c.SendError("unknown_type", fmt.Sprintf("unknown frame type %q", head.Type))
+}
+
+func (c *Conn) onMessage(ctx context.Context, h MessageHandler, data []byte) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.inst.rt.log.Error("OnMessage panicked", "agent", c.inst.key, "panic", p)
+			c.SendError("internal", "message handler failed")
+		}
+	}()
+	if err := h.OnMessage(ctx, c, data); err != nil {
+		c.SendError("message_failed", err.Error())
+	}
+}
+
+// handleClientState validates, persists and broadcasts state sent by a client.
+func (c *Conn) handleClientState(ctx context.Context, data []byte) {
+	in := c.inst
+	var f struct {
+		State json.RawMessage `json:"state"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil || len(f.State) == 0 {
+		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+		return
+	}
+	if v, ok := in.agent.(StateValidator); ok {
+		if err := v.ValidateState(ctx, f.State, c); err != nil {
+			in.rt.log.Info("client state rejected", "agent", in.key, "err", err)
+			c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+			return
+		}
+	}
+	if err := in.setState(ctx, f.State, c); err != nil {
+		in.rt.log.Error("persist client state", "agent", in.key, "err", err)
+		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update failed"})
+	}
+}
+
+type rpcRequest struct {
+	ID     string            `json:"id"`
+	Method string            `json:"method"`
+	Args   []json.RawMessage `json:"args"`
+}
+
+type rpcResponse struct {
+	Type    string `json:"type"`
+	ID      string `json:"id"`
+	Success bool   `json:"success"`
+	Result  any    `json:"result,omitempty"`
+	Done    *bool  `json:"done,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+var (
+	doneTrue  = true
+	doneFalse = false
+)
+
+// handleRPC starts an RPC call; the call runs on its own goroutine so a
+// streaming or slow method never blocks the connection's other frames.
+func (c *Conn) handleRPC(ctx context.Context, data []byte) {
+	var req rpcRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		c.SendError("bad_rpc", "malformed rpc frame: "+err.Error())
+		return
+	}
+	if req.ID == "" {
+		c.SendError("bad_rpc", "rpc frame has no id")
+		return
+	}
+	in := c.inst
+	m, err := in.lookupCallable(req.Method)
+	if err != nil {
+		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: err.Error()})
+		return
+	}
+	in.rt.mu.Lock()
+	in.busy++
+	in.rt.mu.Unlock()
+	in.rt.wg.Add(1)
+	go func() {
+		defer in.rt.wg.Done()
+		defer in.release()
+		c.runRPC(ctx, m, req)
+	}()
+}
+
+func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
+	in := c.inst
+	rt := in.rt
+	start := rt.clock.Now()
+	ctx, cancel := context.WithCancel(rt.ctx)
+	ctx = WithConn(ctx, c)
+	defer cancel()
+	var stream *Stream
+	if m.streaming {
+		stream = &Stream{conn: c, id: req.ID}
+	} else if rt.rpcTTL > 0 {
+		var tcancel context.CancelFunc
+		ctx, tcancel = context.WithTimeout(ctx, rt.rpcTTL)
+		defer tcancel()
+	}
+	result, err := m.invoke(ctx, reflectValue(in.agent), stream, req.Args)
+	attrs := map[string]any{"method": req.Method, "streaming": m.streaming, "duration": rt.clock.Since(start)}
+	if err != nil {
+		attrs["error"] = err.Error()
+		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: err.Error()})
+	} else {
+		if stream != nil {
+			stream.mu.Lock()
+			stream.ended = true
+			stream.mu.Unlock()
+		}
+		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Success: true, Result: result, Done: &doneTrue})
+	}
+	rt.diag.Publish(diag.ChannelRPC, "call", in.key, attrs)
+}
+
+// lookupCallable finds a callable by wire name, with the reference's error
+// strings for methods that do not exist and methods that are not callable.
+func (in *instance) lookupCallable(name string) (*method, error) {
+	if m, ok := in.class.callables[name]; ok {
+		return m, nil
+	}
+	if name != "" {
+		if _, ok := in.class.typ.MethodByName(goMethodName(name)); ok {
+			return nil, fmt.Errorf("Method %s is not callable", name)
+		}
+	}
+	return nil, fmt.Errorf("Method %s does not exist", name)
+}
+
+// Stream is the first argument (after an optional context) of a streaming
+// callable method. Each Send reaches the caller as a done:false chunk; the
+// method's return value becomes the final done:true result, and a returned
+// error fails the call.
+type Stream struct {
+	conn  *Conn
+	id    string
+	mu    sync.Mutex
+	ended bool
+}
+
+// Send streams one chunk to the caller.
+func (s *Stream) Send(v any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended {
+		return errors.New("agent: stream already ended")
+	}
+	return s.conn.Send(rpcResponse{Type: FrameRPC, ID: s.id, Success: true, Result: v, Done: &doneFalse})
+}
+
+// Call invokes a callable method of the instance at path in process, with
+// the same argument decoding and checks as a client RPC. It is what tests and
+// the Go client use without a socket; streaming methods are not supported.
+func (rt *Runtime) Call(ctx context.Context, path Path, methodName string, args ...any) (json.RawMessage, error) {
+	in, err := rt.acquire(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	defer in.release()
+	m, err := in.lookupCallable(methodName)
+	if err != nil {
+		return nil, err
+	}
+	if m.streaming {
+		return nil, fmt.Errorf("agent: %s is a streaming method", methodName)
+	}
+	raw := make([]json.RawMessage, len(args))
+	for i, a := range args {
+		if raw[i], err = json.Marshal(a); err != nil {
+			return nil, fmt.Errorf("agent: marshal argument %d: %w", i, err)
+		}
+	}
+	if rt.rpcTTL > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, rt.rpcTTL)
+		defer cancel()
+	}
+	res, err := m.invoke(ctx, reflectValue(in.agent), nil, raw)
+	if err != nil {
+		return nil, err
+	}
+	out, err := json.Marshal(res)
+	if err != nil {
+		return nil, fmt.Errorf("agent: marshal result of %s: %w", methodName, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,368 @@
+// Package agent is Agentry's runtime: agent classes and instances addressed
+// by class and name, sub-agents addressed by their parent's path, durable
+// per-instance state synced to clients, durable schedules whose callbacks are
+// named methods, eviction of idle instances and rehydration with an OnStart
+// hook, client connections with broadcast and callable RPC methods, and the
+// observability channels.
+//
+// An agent is a Go type that embeds Base and is registered with a Runtime as
+// a Class. Hooks (OnStart, OnConnect, OnBeforeSubAgent, …) are optional
+// interfaces found by type assertion.
+package agent
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/store"
+)
+
+// Options configure a Runtime.
+type Options struct {
+	// DB stores every instance. Required.
+	DB store.DB
+	// Clock is the time source; nil means the real clock.
+	Clock clockwork.Clock
+	// Logger receives the runtime's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Diag is the observability hub; nil creates one.
+	Diag *diag.Hub
+	// IdleTimeout is how long an instance with no connections and no work
+	// in flight stays in memory. Zero means 5 minutes; a negative value
+	// disables eviction.
+	IdleTimeout time.Duration
+	// RPCTimeout bounds a non-streaming RPC call; zero means 30 seconds.
+	RPCTimeout time.Duration
+}
+
+// Runtime hosts agent instances. Create one with New, register classes,
+// call Start, and Close it when done.
+type Runtime struct {
+	db     store.DB
+	clock  clockwork.Clock
+	log    *slog.Logger
+	diag   *diag.Hub
+	idle   time.Duration
+	rpcTTL time.Duration
+
+	classes     map[string]*classInfo // by class name
+	routes      map[string]*classInfo // by kebab route
+	classByType map[reflect.Type]*classInfo
+
+	mu        sync.Mutex
+	instances map[string]*instance // by Path.String()
+	closed    bool
+
+	ctx    context.Context // canceled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // background goroutines
+	sched  *scheduler
+}
+
+// New returns a Runtime. It applies the runtime's schema to opts.DB.
+func New(ctx context.Context, opts Options) (*Runtime, error) {
+	if opts.DB == nil {
+		return nil, errors.New("agent: Options.DB is required")
+	}
+	if opts.Clock == nil {
+		opts.Clock = clockwork.NewRealClock()
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Diag == nil {
+		opts.Diag = diag.New(opts.Logger, opts.Clock.Now)
+	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = 5 * time.Minute
+	}
+	if opts.RPCTimeout == 0 {
+		opts.RPCTimeout = 30 * time.Second
+	}
+	if err := store.Migrate(ctx, opts.DB, "agent", migrations); err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	rt := &Runtime{
+		db: opts.DB, clock: opts.Clock, log: opts.Logger, diag: opts.Diag,
+		idle: opts.IdleTimeout, rpcTTL: opts.RPCTimeout,
+		classes: map[string]*classInfo{}, routes: map[string]*classInfo{},
+		classByType: map[reflect.Type]*classInfo{},
+		instances:   map[string]*instance{},
+		ctx:         rctx, cancel: cancel,
+	}
+	rt.sched = newScheduler(rt)
+	return rt, nil
+}
+
+// Register adds an agent class. Register all classes before Start.
+func (rt *Runtime) Register(c Class) error {
+	ci, err := newClassInfo(c)
+	if err != nil {
+		return err
+	}
+	if _, dup := rt.classes[c.Name]; dup {
+		return fmt.Errorf("agent: class %s registered twice", c.Name)
+	}
+	if other, dup := rt.routes[ci.route]; dup {
+		return fmt.Errorf("agent: classes %s and %s share the route %q", c.Name, other.Name, ci.route)
+	}
+	rt.classes[c.Name] = ci
+	rt.routes[ci.route] = ci
+	rt.classByType[ci.typ] = ci
+	return nil
+}
+
+// MustRegister is Register that panics on error, for program set-up.
+func (rt *Runtime) MustRegister(c Class) {
+	if err := rt.Register(c); err != nil {
+		panic(err)
+	}
+}
+
+// ClassByRoute returns the class name registered under a kebab-case route
+// name.
+func (rt *Runtime) ClassByRoute(route string) (string, bool) {
+	ci, ok := rt.routes[route]
+	if !ok {
+		return "", false
+	}
+	return ci.Name, true
+}
+
+// ClassOf returns the registered class name of an agent value's type.
+func (rt *Runtime) ClassOf(a Agent) (string, bool) {
+	ci, ok := rt.classByType[reflect.TypeOf(a)]
+	if !ok {
+		return "", false
+	}
+	return ci.Name, true
+}
+
+// Route returns the kebab-case route name of a registered class.
+func (rt *Runtime) Route(class string) string {
+	if ci, ok := rt.classes[class]; ok {
+		return ci.route
+	}
+	return Kebab(class)
+}
+
+// Start begins background work: schedules that came due while the process
+// was down fire now, then each as it comes due; idle instances are evicted.
+func (rt *Runtime) Start(ctx context.Context) error {
+	if err := rt.sched.start(ctx); err != nil {
+		return err
+	}
+	if rt.idle > 0 {
+		rt.wg.Add(1)
+		go rt.evictLoop()
+	}
+	return nil
+}
+
+// Close stops background work, waits for it, and closes every connection.
+// It does not close the DB.
+func (rt *Runtime) Close() error {
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		return nil
+	}
+	rt.closed = true
+	insts := make([]*instance, 0, len(rt.instances))
+	for _, in := range rt.instances {
+		insts = append(insts, in)
+	}
+	rt.mu.Unlock()
+	rt.cancel()
+	for _, in := range insts {
+		in.closeConns(1001, "server shutting down")
+	}
+	rt.wg.Wait()
+	return nil
+}
+
+// Context returns a context that is canceled when the runtime closes. Work
+// that outlives a request (a detached run, a schedule) derives from it.
+func (rt *Runtime) Context() context.Context { return rt.ctx }
+
+// Go runs fn in a goroutine that Close waits for. fn should return when ctx
+// (the runtime's context) is canceled.
+func (rt *Runtime) Go(fn func(ctx context.Context)) {
+	rt.wg.Add(1)
+	go func() {
+		defer rt.wg.Done()
+		fn(rt.ctx)
+	}()
+}
+
+// Clock returns the runtime's time source.
+func (rt *Runtime) Clock() clockwork.Clock { return rt.clock }
+
+// DB returns the runtime's database.
+func (rt *Runtime) DB() store.DB { return rt.db }
+
+// Diag returns the observability hub.
+func (rt *Runtime) Diag() *diag.Hub { return rt.diag }
+
+// Logger returns the runtime's logger.
+func (rt *Runtime) Logger() *slog.Logger { return rt.log }
+
+// ErrUnknownClass is returned for a class name that was never registered.
+var ErrUnknownClass = errors.New("agent: unknown class")
+
+// ErrClosed is returned after the runtime was closed.
+var ErrClosed = errors.New("agent: runtime closed")
+
+// ErrDestroyed is returned for an instance that was destroyed while the
+// caller held it.
+var ErrDestroyed = errors.New("agent: instance destroyed")
+
+// Get returns the instance at path, creating it on first use and hydrating
+// it (state loaded, OnStart run) if it is not in memory.
+func (rt *Runtime) Get(ctx context.Context, path Path) (Agent, error) {
+	in, err := rt.acquire(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	defer in.release()
+	return in.agent, nil
+}
+
+// Exists reports whether an instance at path has ever been created and not
+// destroyed, without creating it.
+func (rt *Runtime) Exists(ctx context.Context, path Path) (bool, error) {
+	var id int64
+	err := rt.db.View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT id FROM instances WHERE path = ?`, path.String()).Scan(&id)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("agent: look up %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// Resident reports whether the instance at path is in memory.
+func (rt *Runtime) Resident(path Path) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	_, ok := rt.instances[path.String()]
+	return ok
+}
+
+// ResidentCount returns how many instances are in memory.
+func (rt *Runtime) ResidentCount() int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return len(rt.instances)
+}
+
+// acquire returns the hydrated instance at path with a busy reference that
+// the caller must release. A busy instance is never evicted.
+func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
+	if len(path) == 0 {
+		return nil, errors.New("agent: empty path")
+	}
+	for _, h := range path {
+		if _, ok := rt.classes[h.Class]; !ok {
+			return nil, fmt.Errorf("%w %q", ErrUnknownClass, h.Class)
+		}
+		if h.Name == "" {
+			return nil, fmt.Errorf("agent: empty instance name in %s", path)
+		}
+	}
+	key := path.String()
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		return nil, ErrClosed
+	}
+	in, ok := rt.instances[key]
+	if !ok {
+		in = newInstance(rt, path, rt.classes[path.Leaf().Class])
+		rt.instances[key] = in
+	}
+	in.busy++
+	rt.mu.Unlock()
+	if !ok {
+		in.hydrate()
+	}
+
+	select {
+	case <-in.ready:
+	case <-ctx.Done():
+		in.release()
+		return nil, ctx.Err()
+	}
+	if in.hydrateErr != nil {
+		in.release()
+		return nil, in.hydrateErr
+	}
+	return in, nil
+}
+
+// evictLoop evicts idle instances every quarter of the idle timeout.
+func (rt *Runtime) evictLoop() {
+	defer rt.wg.Done()
+	tick := rt.clock.NewTicker(max(rt.idle/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-rt.ctx.Done():
+			return
+		case <-tick.Chan():
+			rt.EvictIdle()
+		}
+	}
+}
+
+// EvictIdle removes from memory every instance that has been idle (no
+// connections, no work in flight) for at least the idle timeout, and returns
+// how many it evicted. The background loop calls it; tests may too.
+func (rt *Runtime) EvictIdle() int {
+	now := rt.clock.Now()
+	var evicted []*instance
+	rt.mu.Lock()
+	for key, in := range rt.instances {
+		if in.busy == 0 && in.isReady() && now.Sub(in.lastActive) >= rt.idle {
+			delete(rt.instances, key)
+			evicted = append(evicted, in)
+		}
+	}
+	rt.mu.Unlock()
+	for _, in := range evicted {
+		rt.diag.Publish(diag.ChannelAgent, "evict", in.key, nil)
+	}
+	return len(evicted)
+}
+
+// Evict removes the instance at path from memory if it is idle now,
+// regardless of the idle timeout, and reports whether it did. Storage is
+// untouched; the next use rehydrates it.
+func (rt *Runtime) Evict(path Path) bool {
+	key := path.String()
+	rt.mu.Lock()
+	in, ok := rt.instances[key]
+	if ok && in.busy == 0 && in.isReady() {
+		delete(rt.instances, key)
+	} else {
+		ok = false
+	}
+	rt.mu.Unlock()
+	if ok {
+		rt.diag.Publish(diag.ChannelAgent, "evict", key, nil)
+	}
+	return ok
+}

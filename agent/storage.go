@@ -1,0 +1,148 @@
+package agent
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/agentry/agentry/store"
+)
+
+// Get reads the value stored under key into v and reports whether it
+// existed.
+func (b *Base) Get(ctx context.Context, key string, v any) (bool, error) {
+	var raw string
+	err := b.in.rt.db.View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT value FROM kv WHERE instance_id = ? AND key = ?`, b.in.id, key).Scan(&raw)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("agent: get %q: %w", key, err)
+	}
+	if err := json.Unmarshal([]byte(raw), v); err != nil {
+		return true, fmt.Errorf("agent: decode %q: %w", key, err)
+	}
+	return true, nil
+}
+
+// Put stores v as JSON under key. It returns once the value is durable.
+func (b *Base) Put(ctx context.Context, key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("agent: marshal %q: %w", key, err)
+	}
+	err = b.in.rt.db.Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO kv (instance_id, key, value) VALUES (?, ?, ?)
+			ON CONFLICT (instance_id, key) DO UPDATE SET value = excluded.value`, b.in.id, key, string(data))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("agent: put %q: %w", key, err)
+	}
+	return nil
+}
+
+// Delete removes key.
+func (b *Base) Delete(ctx context.Context, key string) error {
+	err := b.in.rt.db.Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM kv WHERE instance_id = ? AND key = ?`, b.in.id, key)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("agent: delete %q: %w", key, err)
+	}
+	return nil
+}
+
+// Keys returns the stored keys that start with prefix, in order.
+func (b *Base) Keys(ctx context.Context, prefix string) ([]string, error) {
+	var keys []string
+	err := b.in.rt.db.View(ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT key FROM kv WHERE instance_id = ? AND key >= ? ORDER BY key`, b.in.id, prefix)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				return err
+			}
+			if !strings.HasPrefix(k, prefix) {
+				break
+			}
+			keys = append(keys, k)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agent: list keys: %w", err)
+	}
+	return keys, nil
+}
+
+// SQL is a transaction over the instance's own tables. In every statement a
+// table name written in braces, such as {extraction_runs}, names a table that
+// belongs to this instance alone: it is private to the instance and dropped
+// when the instance is destroyed. Placeholders are "?". Write portable SQL
+// (the subset SQLite and PostgreSQL share) so the agent runs on either.
+type SQL struct {
+	ctx context.Context
+	tx  store.Tx
+	id  int64
+}
+
+var tableRef = regexp.MustCompile(`\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+var createTable = regexp.MustCompile(`(?i)^\s*CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+func userTable(instanceID int64, name string) string {
+	return fmt.Sprintf("u%d_%s", instanceID, name)
+}
+
+func (s *SQL) rewrite(query string) string {
+	return tableRef.ReplaceAllStringFunc(query, func(m string) string {
+		return userTable(s.id, m[1:len(m)-1])
+	})
+}
+
+// Exec runs a statement.
+func (s *SQL) Exec(query string, args ...any) (sql.Result, error) {
+	if m := createTable.FindStringSubmatch(query); m != nil {
+		if _, err := s.tx.Exec(s.ctx, `INSERT INTO user_tables (instance_id, name) VALUES (?, ?)
+			ON CONFLICT (instance_id, name) DO NOTHING`, s.id, m[1]); err != nil {
+			return nil, err
+		}
+	}
+	return s.tx.Exec(s.ctx, s.rewrite(query), args...)
+}
+
+// Query runs a query.
+func (s *SQL) Query(query string, args ...any) (*sql.Rows, error) {
+	return s.tx.Query(s.ctx, s.rewrite(query), args...)
+}
+
+// QueryRow runs a query that returns at most one row.
+func (s *SQL) QueryRow(query string, args ...any) *sql.Row {
+	return s.tx.QueryRow(s.ctx, s.rewrite(query), args...)
+}
+
+// Update runs fn in a read-write transaction over the instance's tables and
+// commits it when fn returns nil.
+func (b *Base) Update(ctx context.Context, fn func(*SQL) error) error {
+	return b.in.rt.db.Update(ctx, func(tx store.Tx) error {
+		return fn(&SQL{ctx: ctx, tx: tx, id: b.in.id})
+	})
+}
+
+// View runs fn in a read-only transaction over the instance's tables.
+func (b *Base) View(ctx context.Context, fn func(*SQL) error) error {
+	return b.in.rt.db.View(ctx, func(tx store.Tx) error {
+		return fn(&SQL{ctx: ctx, tx: tx, id: b.in.id})
+	})
+}

@@ -1,0 +1,342 @@
+// Package message is the AI SDK v6 UI message model in Go: the UIMessage
+// and its parts that chat clients store and render, the UIMessageChunk
+// stream that builds an assistant message, a Builder that applies chunks
+// exactly as the AI SDK client's processUIMessageStream does, and ToModel,
+// which turns a UI transcript into the provider-neutral conversation of
+// package model.
+//
+// Every type encodes to the JSON the AI SDK expects and decodes from what
+// its clients send. Members this package does not know (from a newer client
+// or an application) are kept and written back, so a decode/encode round
+// trip loses nothing.
+package message
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// Role is the author of a UI message.
+type Role string
+
+// Roles a UI message may have.
+const (
+	RoleSystem    Role = "system"
+	RoleUser      Role = "user"
+	RoleAssistant Role = "assistant"
+)
+
+// Message is an AI SDK UIMessage.
+//
+// Its JSON form is {id, role, metadata?, parts}; parts is always present.
+type Message struct {
+	ID   string `json:"id"`
+	Role Role   `json:"role"`
+	// Metadata is application data; the server stores finishReason here.
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+	Parts    []Part          `json:"parts"`
+
+	extra map[string]json.RawMessage
+}
+
+func (m *Message) fields() []field {
+	return []field{
+		{"id", &m.ID},
+		{"role", &m.Role},
+		{"metadata", &m.Metadata},
+		{"parts", &m.Parts},
+	}
+}
+
+// MarshalJSON encodes m as an AI SDK UIMessage, unknown members included.
+func (m Message) MarshalJSON() ([]byte, error) {
+	b, err := marshalObject(m.fields(), func(key string) bool {
+		return key == "id" || key == "role" || key == "parts"
+	}, m.extra)
+	if err != nil {
+		return nil, fmt.Errorf("message %q: %w", m.ID, err)
+	}
+	return b, nil
+}
+
+// UnmarshalJSON decodes an AI SDK UIMessage, keeping unknown members.
+func (m *Message) UnmarshalJSON(data []byte) error {
+	*m = Message{}
+	extra, err := unmarshalObject(data, m.fields())
+	if err != nil {
+		return fmt.Errorf("message: %w", err)
+	}
+	m.extra = extra
+	return nil
+}
+
+// Clone returns a deep copy of m.
+func (m Message) Clone() Message {
+	out := m
+	out.Metadata = cloneRaw(m.Metadata)
+	out.extra = cloneExtra(m.extra)
+	if m.Parts != nil {
+		out.Parts = make([]Part, len(m.Parts))
+		for i, p := range m.Parts {
+			out.Parts[i] = p.Clone()
+		}
+	}
+	return out
+}
+
+// Part types. Tool parts are "tool-" followed by the tool name, data parts
+// "data-" followed by the data name.
+const (
+	PartText           = "text"
+	PartReasoning      = "reasoning"
+	PartStepStart      = "step-start"
+	PartDynamicTool    = "dynamic-tool"
+	PartSourceURL      = "source-url"
+	PartSourceDocument = "source-document"
+	PartFile           = "file"
+
+	// ToolPartPrefix starts the type of a static tool part.
+	ToolPartPrefix = "tool-"
+	// DataPartPrefix starts the type of a data part and a data chunk.
+	DataPartPrefix = "data-"
+)
+
+// States of text and reasoning parts.
+const (
+	StateStreaming = "streaming"
+	StateDone      = "done"
+)
+
+// States of tool parts, in lifecycle order.
+const (
+	StateInputStreaming    = "input-streaming"
+	StateInputAvailable    = "input-available"
+	StateApprovalRequested = "approval-requested"
+	StateApprovalResponded = "approval-responded"
+	StateOutputAvailable   = "output-available"
+	StateOutputError       = "output-error"
+	StateOutputDenied      = "output-denied"
+)
+
+// Part is one part of a UI message. A single struct covers every part type;
+// Type says which fields apply:
+//
+//   - "text": Text, State, ProviderMetadata.
+//   - "reasoning": ID, Text, State, ProviderMetadata.
+//   - "step-start": nothing else.
+//   - "tool-{name}" and "dynamic-tool" (which also has DynamicToolName):
+//     ToolCallID, State, Input, Output, ErrorText, RawInput, Approval,
+//     ProviderExecuted, Preliminary, Title, ToolMetadata,
+//     CallProviderMetadata, ResultProviderMetadata.
+//   - "source-url": SourceID, URL, Title, ProviderMetadata.
+//   - "source-document": SourceID, MediaType, Title, Filename,
+//     ProviderMetadata.
+//   - "file": URL, MediaType, Filename, ProviderMetadata.
+//   - "data-{name}": ID, Data.
+//
+// Fields left zero are omitted from the JSON form, except those the AI SDK
+// requires for the part's type (such as the text of a text part).
+type Part struct {
+	Type string `json:"type"`
+	// ID identifies reasoning and data parts.
+	ID string `json:"id,omitempty"`
+	// Text is the content of text and reasoning parts.
+	Text string `json:"text,omitempty"`
+	// DynamicToolName names the tool of a dynamic-tool part (JSON
+	// "toolName"); use the ToolName method for any tool part.
+	DynamicToolName string `json:"toolName,omitempty"`
+	ToolCallID      string `json:"toolCallId,omitempty"`
+	// State is StateStreaming or StateDone for text and reasoning, one of
+	// the tool states for tool parts.
+	State    string          `json:"state,omitempty"`
+	Input    json.RawMessage `json:"input,omitempty"`
+	Output   json.RawMessage `json:"output,omitempty"`
+	RawInput json.RawMessage `json:"rawInput,omitempty"`
+	// ErrorText describes the failure of a tool part in StateOutputError.
+	ErrorText              string          `json:"errorText,omitempty"`
+	Approval               *Approval       `json:"approval,omitempty"`
+	ProviderExecuted       *bool           `json:"providerExecuted,omitempty"`
+	Preliminary            *bool           `json:"preliminary,omitempty"`
+	Title                  string          `json:"title,omitempty"`
+	ToolMetadata           json.RawMessage `json:"toolMetadata,omitempty"`
+	CallProviderMetadata   json.RawMessage `json:"callProviderMetadata,omitempty"`
+	ResultProviderMetadata json.RawMessage `json:"resultProviderMetadata,omitempty"`
+	SourceID               string          `json:"sourceId,omitempty"`
+	URL                    string          `json:"url,omitempty"`
+	MediaType              string          `json:"mediaType,omitempty"`
+	Filename               string          `json:"filename,omitempty"`
+	Data                   json.RawMessage `json:"data,omitempty"`
+	ProviderMetadata       json.RawMessage `json:"providerMetadata,omitempty"`
+
+	extra map[string]json.RawMessage
+}
+
+func (p *Part) fields() []field {
+	return []field{
+		{"type", &p.Type},
+		{"id", &p.ID},
+		{"text", &p.Text},
+		{"toolName", &p.DynamicToolName},
+		{"toolCallId", &p.ToolCallID},
+		{"state", &p.State},
+		{"input", &p.Input},
+		{"output", &p.Output},
+		{"rawInput", &p.RawInput},
+		{"errorText", &p.ErrorText},
+		{"approval", &p.Approval},
+		{"providerExecuted", &p.ProviderExecuted},
+		{"preliminary", &p.Preliminary},
+		{"title", &p.Title},
+		{"toolMetadata", &p.ToolMetadata},
+		{"callProviderMetadata", &p.CallProviderMetadata},
+		{"resultProviderMetadata", &p.ResultProviderMetadata},
+		{"sourceId", &p.SourceID},
+		{"url", &p.URL},
+		{"mediaType", &p.MediaType},
+		{"filename", &p.Filename},
+		{"data", &p.Data},
+		{"providerMetadata", &p.ProviderMetadata},
+	}
+}
+
+// required reports whether key is written even when empty for the part's
+// type, because the AI SDK's schema demands it.
+func (p *Part) required(key string) bool {
+	switch {
+	case key == "type":
+		return true
+	case p.Type == PartText || p.Type == PartReasoning:
+		return key == "text"
+	case p.IsTool():
+		return key == "toolCallId" || key == "state" || (key == "toolName" && p.Type == PartDynamicTool)
+	case p.Type == PartSourceURL:
+		return key == "sourceId" || key == "url"
+	case p.Type == PartSourceDocument:
+		return key == "sourceId" || key == "mediaType" || key == "title"
+	case p.Type == PartFile:
+		return key == "url" || key == "mediaType"
+	case p.IsData():
+		return key == "data"
+	}
+	return false
+}
+
+// MarshalJSON encodes p as an AI SDK UI message part, unknown members
+// included.
+func (p Part) MarshalJSON() ([]byte, error) {
+	b, err := marshalObject(p.fields(), p.required, p.extra)
+	if err != nil {
+		return nil, fmt.Errorf("part %q: %w", p.Type, err)
+	}
+	return b, nil
+}
+
+// UnmarshalJSON decodes an AI SDK UI message part, keeping unknown members.
+func (p *Part) UnmarshalJSON(data []byte) error {
+	*p = Part{}
+	extra, err := unmarshalObject(data, p.fields())
+	if err != nil {
+		return fmt.Errorf("part: %w", err)
+	}
+	p.extra = extra
+	return nil
+}
+
+// Clone returns a deep copy of p.
+func (p Part) Clone() Part {
+	out := p
+	out.Input = cloneRaw(p.Input)
+	out.Output = cloneRaw(p.Output)
+	out.RawInput = cloneRaw(p.RawInput)
+	out.Approval = p.Approval.clone()
+	out.ProviderExecuted = cloneBool(p.ProviderExecuted)
+	out.Preliminary = cloneBool(p.Preliminary)
+	out.ToolMetadata = cloneRaw(p.ToolMetadata)
+	out.CallProviderMetadata = cloneRaw(p.CallProviderMetadata)
+	out.ResultProviderMetadata = cloneRaw(p.ResultProviderMetadata)
+	out.Data = cloneRaw(p.Data)
+	out.ProviderMetadata = cloneRaw(p.ProviderMetadata)
+	out.extra = cloneExtra(p.extra)
+	return out
+}
+
+// IsTool reports whether p is a tool part: "tool-{name}" or "dynamic-tool".
+func (p Part) IsTool() bool {
+	return p.Type == PartDynamicTool || strings.HasPrefix(p.Type, ToolPartPrefix)
+}
+
+// ToolName returns the tool's name: the suffix of a "tool-{name}" type, or
+// DynamicToolName for a dynamic-tool part. It is empty for other parts.
+func (p Part) ToolName() string {
+	if p.Type == PartDynamicTool {
+		return p.DynamicToolName
+	}
+	if name, ok := strings.CutPrefix(p.Type, ToolPartPrefix); ok {
+		return name
+	}
+	return ""
+}
+
+// IsDynamicTool reports whether p is a "dynamic-tool" part.
+func (p Part) IsDynamicTool() bool { return p.Type == PartDynamicTool }
+
+// IsData reports whether p is a "data-{name}" part.
+func (p Part) IsData() bool { return strings.HasPrefix(p.Type, DataPartPrefix) }
+
+// Approval is the approval record of a tool part that needed the user's
+// consent. Unknown members are kept.
+type Approval struct {
+	ID string `json:"id"`
+	// Approved is nil until the user answers.
+	Approved *bool  `json:"approved,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	// Descriptor and Signature are copied from the tool-approval-request
+	// chunk's approvalDescriptor and signature.
+	Descriptor json.RawMessage `json:"descriptor,omitempty"`
+	Signature  json.RawMessage `json:"signature,omitempty"`
+
+	extra map[string]json.RawMessage
+}
+
+func (a *Approval) fields() []field {
+	return []field{
+		{"id", &a.ID},
+		{"approved", &a.Approved},
+		{"reason", &a.Reason},
+		{"descriptor", &a.Descriptor},
+		{"signature", &a.Signature},
+	}
+}
+
+// MarshalJSON encodes a, unknown members included.
+func (a Approval) MarshalJSON() ([]byte, error) {
+	b, err := marshalObject(a.fields(), func(key string) bool { return key == "id" }, a.extra)
+	if err != nil {
+		return nil, fmt.Errorf("approval: %w", err)
+	}
+	return b, nil
+}
+
+// UnmarshalJSON decodes an approval, keeping unknown members.
+func (a *Approval) UnmarshalJSON(data []byte) error {
+	*a = Approval{}
+	extra, err := unmarshalObject(data, a.fields())
+	if err != nil {
+		return fmt.Errorf("approval: %w", err)
+	}
+	a.extra = extra
+	return nil
+}
+
+func (a *Approval) clone() *Approval {
+	if a == nil {
+		return nil
+	}
+	out := *a
+	out.Approved = cloneBool(a.Approved)
+	out.Descriptor = cloneRaw(a.Descriptor)
+	out.Signature = cloneRaw(a.Signature)
+	out.extra = cloneExtra(a.extra)
+	return &out
+}

@@ -1,0 +1,110 @@
+// Command agentry runs Agentry's demo server.
+//
+//	agentry serve [--addr 127.0.0.1:8787] [--data ./data]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/examples/counter"
+	"github.com/agentry/agentry/server"
+	"github.com/agentry/agentry/store/sqlite"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "-h", "--help", "help":
+		usage()
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "agentry: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "agentry:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, `usage: agentry <command> [flags]
+
+commands:
+  serve   run the demo server (agents over HTTP and WebSocket)`)
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	addr := fs.String("addr", "127.0.0.1:8787", "address to listen on")
+	data := fs.String("data", "./data", "data folder (SQLite database)")
+	idle := fs.Duration("idle-timeout", 5*time.Minute, "evict instances idle this long")
+	verbose := fs.Bool("v", false, "log debug records (every observability event)")
+	fs.Parse(args)
+
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	db, err := sqlite.Open(ctx, filepath.Join(*data, "agentry.db"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rt, err := agent.New(ctx, agent.Options{DB: db, Logger: logger, IdleTimeout: *idle})
+	if err != nil {
+		return err
+	}
+	if err := rt.Register(counter.Class()); err != nil {
+		return err
+	}
+	if err := rt.Start(ctx); err != nil {
+		return err
+	}
+	srv := server.New(server.Options{Runtime: rt})
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "data", *data)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		logger.Warn("http shutdown", "err", err)
+	}
+	srv.Close()
+	return rt.Close()
+}

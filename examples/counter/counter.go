@@ -1,0 +1,95 @@
+// Package counter is the runtime's demo agent: a durable counter with
+// callable methods, a streaming method, a schedule and a sub-agent gate.
+package counter
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+)
+
+// State is the Counter's synced state.
+type State struct {
+	Count int `json:"count"`
+}
+
+// Counter is a durable counter. Clients call increment(by), get(),
+// countTo(n) (streaming) and incrementLater(seconds, by) (a durable
+// schedule). It admits child Counters whose names start with "ok-".
+type Counter struct {
+	agent.Base
+	mu sync.Mutex
+}
+
+// Class registers Counter with a runtime.
+func Class() agent.Class {
+	return agent.Class{
+		Name:     "Counter",
+		New:      func() agent.Agent { return &Counter{} },
+		Callable: []string{"increment", "get", "countTo", "incrementLater"},
+	}
+}
+
+// Increment adds by to the count and returns the new count.
+func (c *Counter) Increment(ctx context.Context, by int) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var s State
+	if err := c.DecodeState(&s); err != nil {
+		return 0, err
+	}
+	s.Count += by
+	if err := c.SetState(ctx, s); err != nil {
+		return 0, err
+	}
+	return s.Count, nil
+}
+
+// Get returns the current count.
+func (c *Counter) Get(ctx context.Context) (int, error) {
+	var s State
+	err := c.DecodeState(&s)
+	return s.Count, err
+}
+
+// CountTo streams 1..n and returns n.
+func (c *Counter) CountTo(ctx context.Context, s *agent.Stream, n int) (int, error) {
+	if n < 0 || n > 10000 {
+		return 0, errors.New("n must be between 0 and 10000")
+	}
+	for i := 1; i <= n; i++ {
+		if err := s.Send(i); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+// IncrementLater schedules an increment by by after the given number of
+// seconds and returns the schedule id.
+func (c *Counter) IncrementLater(ctx context.Context, seconds float64, by int) (string, error) {
+	sc, err := c.ScheduleAfter(ctx, time.Duration(seconds*float64(time.Second)), "ScheduledIncrement", by)
+	if err != nil {
+		return "", err
+	}
+	return sc.ID, nil
+}
+
+// ScheduledIncrement is the schedule callback of IncrementLater.
+func (c *Counter) ScheduledIncrement(ctx context.Context, by int) error {
+	_, err := c.Increment(ctx, by)
+	return err
+}
+
+// OnBeforeSubAgent admits child Counters whose names start with "ok-".
+func (c *Counter) OnBeforeSubAgent(ctx context.Context, r *http.Request, class, name string) error {
+	if class == "Counter" && strings.HasPrefix(name, "ok-") {
+		return nil
+	}
+	return &agent.HTTPError{Status: http.StatusNotFound, Message: "no such sub-agent"}
+}

@@ -1,0 +1,437 @@
+// Package server exposes an agent.Runtime over HTTP and WebSocket with the
+// Cloudflare Agents protocol, so the npm clients (AgentClient, useAgent,
+// useAgentChat) talk to it unchanged. Server is an http.Handler that mounts in
+// any mux; it owns routing (/agents/{class}/{name}[/sub/{class}/{name}…]),
+// the WebSocket upgrade, authorization, sub-agent gating, frame size limits
+// and per-connection write queues.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/coder/websocket"
+
+	"github.com/agentry/agentry/agent"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Runtime hosts the agents. Required.
+	Runtime *agent.Runtime
+	// Prefix is the first path segment of agent routes; "" means "agents".
+	Prefix string
+	// Authorize runs before every request and WebSocket upgrade to an
+	// agent. A nil error admits it. For a WebSocket, a refusal accepts the
+	// upgrade and closes at once with the *agent.CloseError's code, or 4001,
+	// so the npm client stops retrying; for plain HTTP it answers the
+	// *agent.HTTPError's status, or 401.
+	Authorize func(r *http.Request, path agent.Path) error
+	// MaxFrameBytes limits one client frame; larger frames are discarded
+	// and answered with an error frame. Zero means 1 MiB.
+	MaxFrameBytes int64
+	// SendQueue is the number of frames queued for one slow client before
+	// the server closes its connection (the client reconnects and resumes).
+	// Zero means 4096.
+	SendQueue int
+	// WriteTimeout bounds writing one frame; zero means 10 seconds.
+	WriteTimeout time.Duration
+	// OriginPatterns lists the browser origins allowed to open WebSockets
+	// (see websocket.AcceptOptions). Empty allows every origin.
+	OriginPatterns []string
+	// CORS answers preflight requests and adds permissive CORS headers to
+	// HTTP responses, for front ends served from another origin.
+	CORS bool
+	// NotFound answers requests outside the agent routes; nil means 404.
+	NotFound http.Handler
+	// Logger receives the server's logs; nil means the runtime's.
+	Logger *slog.Logger
+}
+
+// Server is the HTTP and WebSocket front of a runtime.
+type Server struct {
+	opts Options
+	rt   *agent.Runtime
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	sockets map[*socket]struct{}
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// New returns a Server for opts.Runtime.
+func New(opts Options) *Server {
+	if opts.Prefix == "" {
+		opts.Prefix = "agents"
+	}
+	if opts.MaxFrameBytes == 0 {
+		opts.MaxFrameBytes = 1 << 20
+	}
+	if opts.SendQueue == 0 {
+		opts.SendQueue = 4096
+	}
+	if opts.WriteTimeout == 0 {
+		opts.WriteTimeout = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = opts.Runtime.Logger()
+	}
+	return &Server{opts: opts, rt: opts.Runtime, log: opts.Logger, sockets: map[*socket]struct{}{}}
+}
+
+// Route is a parsed agent request path.
+type Route struct {
+	// Path is the addressed instance.
+	Path agent.Path
+	// Rest is what follows the instance in the URL path, "" or "/…".
+	Rest string
+}
+
+// ParseRoute parses an escaped URL path of the form
+// /{prefix}/{class-route}/{name}[/sub/{class-route}/{name}…][/rest].
+// ok is false when the path is not an agent route at all; err is set when it
+// is one but is malformed or names an unknown class.
+func (s *Server) ParseRoute(escapedPath string) (rt Route, ok bool, err error) {
+	segs := strings.Split(strings.TrimPrefix(escapedPath, "/"), "/")
+	if len(segs) < 2 || segs[0] != s.opts.Prefix {
+		return Route{}, false, nil
+	}
+	if len(segs) < 3 || segs[2] == "" {
+		return Route{}, true, errors.New("missing instance name")
+	}
+	hop := func(route, rawName string) (agent.Hop, error) {
+		class, known := s.rt.ClassByRoute(route)
+		if !known {
+			return agent.Hop{}, fmt.Errorf("unknown agent class %q", route)
+		}
+		name, err := url.PathUnescape(rawName)
+		if err != nil {
+			return agent.Hop{}, fmt.Errorf("malformed instance name %q", rawName)
+		}
+		if name == "" || name == "sub" || strings.ContainsRune(name, 0) {
+			return agent.Hop{}, fmt.Errorf("invalid instance name %q", name)
+		}
+		return agent.Hop{Class: class, Name: name}, nil
+	}
+	h, err := hop(segs[1], segs[2])
+	if err != nil {
+		return Route{}, true, err
+	}
+	p := agent.Path{h}
+	rest := segs[3:]
+	for len(rest) >= 3 && rest[0] == "sub" {
+		h, err := hop(rest[1], rest[2])
+		if err != nil {
+			return Route{}, true, err
+		}
+		p = append(p, h)
+		rest = rest[3:]
+	}
+	if len(rest) > 0 && rest[0] == "sub" {
+		return Route{}, true, errors.New("incomplete sub-agent path")
+	}
+	r := Route{Path: p}
+	if len(rest) > 0 {
+		r.Rest = "/" + strings.Join(rest, "/")
+	}
+	return r, true, nil
+}
+
+// ServeHTTP routes a request to an agent instance.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	route, ok, err := s.ParseRoute(r.URL.EscapedPath())
+	if !ok {
+		if s.opts.NotFound != nil {
+			s.opts.NotFound.ServeHTTP(w, r)
+		} else {
+			http.NotFound(w, r)
+		}
+		return
+	}
+	if s.opts.CORS {
+		setCORS(w.Header())
+		if r.Method == http.MethodOptions {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	isWS := strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+	if s.opts.Authorize != nil {
+		if err := s.opts.Authorize(r, route.Path); err != nil {
+			if isWS {
+				s.refuseSocket(w, r, err)
+			} else {
+				writeHTTPError(w, err, http.StatusUnauthorized)
+			}
+			return
+		}
+	}
+	// Each parent on the way decides whether its child may be reached.
+	for i := 2; i <= len(route.Path); i++ {
+		if err := s.rt.CheckSubAgent(r.Context(), r, route.Path[:i]); err != nil {
+			writeHTTPError(w, err, http.StatusNotFound)
+			return
+		}
+	}
+	if isWS {
+		s.serveSocket(w, r, route)
+		return
+	}
+	r2 := r.Clone(r.Context())
+	r2.URL.Path = route.Rest
+	if r2.URL.Path == "" {
+		r2.URL.Path = "/"
+	}
+	r2.URL.RawPath = ""
+	s.rt.ServeInstance(w, r2, route.Path)
+}
+
+func setCORS(h http.Header) {
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Allow-Methods", "GET, POST, HEAD, OPTIONS")
+	h.Set("Access-Control-Allow-Headers", "*")
+	h.Set("Access-Control-Max-Age", "86400")
+}
+
+func writeHTTPError(w http.ResponseWriter, err error, status int) {
+	var he *agent.HTTPError
+	if errors.As(err, &he) {
+		msg := he.Message
+		if msg == "" {
+			msg = http.StatusText(he.Status)
+		}
+		http.Error(w, msg, he.Status)
+		return
+	}
+	http.Error(w, http.StatusText(status), status)
+}
+
+// refuseSocket accepts an upgrade only to close it with a code that makes
+// the npm client stop reconnecting.
+func (s *Server) refuseSocket(w http.ResponseWriter, r *http.Request, err error) {
+	code, reason := 4001, "unauthorized"
+	var ce *agent.CloseError
+	if errors.As(err, &ce) {
+		code, reason = ce.Code, ce.Reason
+	}
+	c, aerr := websocket.Accept(w, r, s.acceptOptions())
+	if aerr != nil {
+		return
+	}
+	c.Close(websocket.StatusCode(code), reason)
+}
+
+func (s *Server) acceptOptions() *websocket.AcceptOptions {
+	return &websocket.AcceptOptions{
+		InsecureSkipVerify: len(s.opts.OriginPatterns) == 0,
+		OriginPatterns:     s.opts.OriginPatterns,
+		CompressionMode:    websocket.CompressionDisabled,
+	}
+}
+
+// Close closes every WebSocket with 1001 (the npm client reconnects, which
+// is what a restart wants) and waits for their handlers to return.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closing = true
+	socks := make([]*socket, 0, len(s.sockets))
+	for sk := range s.sockets {
+		socks = append(socks, sk)
+	}
+	s.mu.Unlock()
+	for _, sk := range socks {
+		sk.Close(int(websocket.StatusGoingAway), "server shutting down")
+	}
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route) {
+	if r.URL.Query().Get("__agents_transport") == "capnweb" {
+		s.refuseSocket(w, r, &agent.CloseError{Code: 4400, Reason: "the capnweb transport is not supported"})
+		return
+	}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		http.Error(w, "server shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	defer s.wg.Done()
+
+	c, err := websocket.Accept(w, r, s.acceptOptions())
+	if err != nil {
+		return
+	}
+	c.SetReadLimit(-1) // we enforce MaxFrameBytes ourselves and keep the connection
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sk := &socket{c: c, queue: make(chan []byte, s.opts.SendQueue), done: make(chan struct{}), writeTimeout: s.opts.WriteTimeout}
+	s.mu.Lock()
+	s.sockets[sk] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.sockets, sk)
+		s.mu.Unlock()
+	}()
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		sk.writeLoop(ctx)
+	}()
+
+	conn, err := s.rt.Connect(ctx, route.Path, r.URL.Query().Get("_pk"), r, sk)
+	if err != nil {
+		s.log.Warn("connect failed", "path", route.Path.String(), "err", err)
+		sk.Close(int(websocket.StatusInternalError), "agent unavailable")
+		cancel()
+		<-writerDone
+		c.CloseNow()
+		return
+	}
+	code, reason := s.readLoop(ctx, c, conn)
+	conn.Disconnect(code, reason)
+	sk.Close(code, reason)
+	<-writerDone
+	c.CloseNow()
+}
+
+// readLoop reads frames until the socket closes, and returns the close code
+// and reason.
+func (s *Server) readLoop(ctx context.Context, c *websocket.Conn, conn *agent.Conn) (int, string) {
+	max := s.opts.MaxFrameBytes
+	for {
+		typ, rd, err := c.Reader(ctx)
+		if err != nil {
+			var ce websocket.CloseError
+			if errors.As(err, &ce) {
+				return int(ce.Code), ce.Reason
+			}
+			return int(websocket.StatusAbnormalClosure), ""
+		}
+		data, err := io.ReadAll(io.LimitReader(rd, max+1))
+		if err != nil {
+			return int(websocket.StatusAbnormalClosure), ""
+		}
+		if int64(len(data)) > max {
+			if _, err := io.Copy(io.Discard, rd); err != nil {
+				return int(websocket.StatusAbnormalClosure), ""
+			}
+			conn.SendError("too_large", fmt.Sprintf("frame larger than %d bytes was discarded", max))
+			continue
+		}
+		if typ != websocket.MessageText {
+			conn.SendError("binary", "binary frames are not supported; send JSON text frames")
+			continue
+		}
+		if !utf8.Valid(data) {
+			conn.SendError("bad_utf8", "frame is not valid UTF-8")
+			continue
+		}
+		conn.HandleFrame(ctx, data)
+	}
+}
+
+// socket is the agent.Transport of one WebSocket: a bounded queue drained by
+// one writer goroutine, so broadcasters never block on a slow client.
+type socket struct {
+	c            *websocket.Conn
+	queue        chan []byte
+	writeTimeout time.Duration
+
+	mu        sync.Mutex
+	closed    bool
+	done      chan struct{}
+	closeCode int
+	closeWhy  string
+}
+
+// Send queues a frame; a full queue closes the socket (1013, try again).
+func (sk *socket) Send(frame []byte) bool {
+	sk.mu.Lock()
+	defer sk.mu.Unlock()
+	if sk.closed {
+		return false
+	}
+	select {
+	case sk.queue <- frame:
+		return true
+	default:
+		sk.closeLocked(int(websocket.StatusTryAgainLater), "client too slow")
+		return false
+	}
+}
+
+// Close flushes queued frames and then closes the socket with code.
+func (sk *socket) Close(code int, reason string) {
+	sk.mu.Lock()
+	defer sk.mu.Unlock()
+	sk.closeLocked(code, reason)
+}
+
+func (sk *socket) closeLocked(code int, reason string) {
+	if sk.closed {
+		return
+	}
+	sk.closed = true
+	sk.closeCode, sk.closeWhy = code, reason
+	close(sk.done)
+}
+
+func (sk *socket) writeLoop(ctx context.Context) {
+	write := func(frame []byte) bool {
+		wctx, cancel := context.WithTimeout(ctx, sk.writeTimeout)
+		defer cancel()
+		return sk.c.Write(wctx, websocket.MessageText, frame) == nil
+	}
+	for {
+		select {
+		case frame := <-sk.queue:
+			if !write(frame) {
+				sk.Close(int(websocket.StatusAbnormalClosure), "")
+				sk.c.CloseNow()
+				return
+			}
+		case <-sk.done:
+			// Flush what was queued before the close, then close.
+			for {
+				select {
+				case frame := <-sk.queue:
+					if !write(frame) {
+						sk.c.CloseNow()
+						return
+					}
+					continue
+				default:
+				}
+				break
+			}
+			sk.mu.Lock()
+			code, why := sk.closeCode, sk.closeWhy
+			sk.mu.Unlock()
+			if code == int(websocket.StatusAbnormalClosure) || code == 0 {
+				sk.c.CloseNow()
+			} else {
+				sk.c.Close(websocket.StatusCode(code), why)
+			}
+			return
+		}
+	}
+}

@@ -1,0 +1,89 @@
+// Package store defines the storage interface that Agentry's runtime and its
+// framework layers (chat, agent tools) are written against.
+//
+// A DB runs portable SQL: statements use "?" placeholders and the subset of
+// SQL that SQLite and PostgreSQL share (INSERT … ON CONFLICT, RETURNING,
+// BIGINT time stamps in Unix milliseconds, TEXT for JSON). Implementations
+// rewrite placeholders for their engine, so packages above this one keep their
+// SQL next to the code that uses it and never see the dialect.
+//
+// Implementations: store/sqlite (the default, pure Go). A PostgreSQL
+// implementation plugs in behind the same interface.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// DB is a transactional database shared by all agent instances.
+type DB interface {
+	// Update runs fn in a read-write transaction and commits it when fn
+	// returns nil. A committed transaction survives a crash of the process.
+	Update(ctx context.Context, fn func(Tx) error) error
+	// View runs fn in a read-only transaction.
+	View(ctx context.Context, fn func(Tx) error) error
+	// Dialect names the SQL engine ("sqlite", "postgres").
+	Dialect() string
+	// Close releases the database.
+	Close() error
+}
+
+// Tx is a transaction. Queries use "?" placeholders.
+type Tx interface {
+	Exec(ctx context.Context, query string, args ...any) (sql.Result, error)
+	Query(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRow(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// ErrNotFound is returned when a looked-up row does not exist.
+var ErrNotFound = errors.New("store: not found")
+
+// Migration is one versioned step of a package's schema.
+type Migration struct {
+	// Version orders the steps of one component, starting at 1.
+	Version int
+	// Statements run in order inside one transaction.
+	Statements []string
+}
+
+// Migrate brings the schema of component (a package name such as "agent" or
+// "chat") up to date by running the migrations newer than the recorded
+// version, each in its own transaction.
+func Migrate(ctx context.Context, db DB, component string, migrations []Migration) error {
+	err := db.Update(ctx, func(tx Tx) error {
+		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_versions (
+			component TEXT PRIMARY KEY,
+			version BIGINT NOT NULL)`)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: migrate %s: %w", component, err)
+	}
+	for _, m := range migrations {
+		err := db.Update(ctx, func(tx Tx) error {
+			var current int
+			err := tx.QueryRow(ctx, `SELECT version FROM schema_versions WHERE component = ?`, component).Scan(&current)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+			if current >= m.Version {
+				return nil
+			}
+			for _, stmt := range m.Statements {
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return fmt.Errorf("version %d: %w", m.Version, err)
+				}
+			}
+			_, err = tx.Exec(ctx, `INSERT INTO schema_versions (component, version) VALUES (?, ?)
+				ON CONFLICT (component) DO UPDATE SET version = excluded.version`, component, m.Version)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("store: migrate %s: %w", component, err)
+		}
+	}
+	return nil
+}
