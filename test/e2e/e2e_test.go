@@ -1,0 +1,44 @@
+// Package e2e drives the Go server with the real npm clients (test/npm).
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/examples/counter"
+	"github.com/agentry/agentry/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestAgentClient runs test/npm/agent-client.mjs: ready, state both ways,
+// RPC results, streaming, error responses, and sub-agent routing with the
+// parent's gate.
+func TestAgentClient(t *testing.T) {
+	env := testenv.Start(t, testenv.Options{Classes: []agent.Class{counter.Class()}})
+	out := testenv.Node(t, 60*time.Second, "agent-client.mjs", env.Host, "e2e")
+	t.Log(out)
+	if !strings.Contains(out, "PASS agent-client") {
+		t.Fatalf("script did not pass:\n%s", out)
+	}
+	ctx := context.Background()
+	parent := agent.Root("Counter", "e2e")
+	for name, want := range map[string]bool{"ok-1": true, "bad-1": false} {
+		got, err := env.RT.Exists(ctx, parent.Child("Counter", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("sub-agent %s exists = %v, want %v (a refused sub-agent creates nothing)", name, got, want)
+		}
+	}
+	n, err := env.RT.Call(ctx, parent, "get")
+	if err != nil || string(n) != "45" {
+		t.Errorf("persisted count = %s, %v; want 45", n, err)
+	}
+}
