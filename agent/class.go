@@ -35,6 +35,7 @@ type classInfo struct {
 	route     string
 	typ       reflect.Type
 	callables map[string]*method
+	layerIdx  [][]int // field index paths of embedded layers, innermost first
 }
 
 var (
@@ -66,6 +67,10 @@ func newClassInfo(c Class) (*classInfo, error) {
 	if ci.route == "sub" || ci.route == "" {
 		return nil, fmt.Errorf("agent: class %s: route name %q is reserved", c.Name, ci.route)
 	}
+	if ci.typ.Kind() != reflect.Pointer || ci.typ.Elem().Kind() != reflect.Struct {
+		return nil, fmt.Errorf("agent: class %s: New must return a pointer to a struct that embeds agent.Base", c.Name)
+	}
+	ci.layerIdx = findLayers(ci.typ.Elem(), nil)
 	for _, wire := range c.Callable {
 		m, err := reflectMethod(ci.typ, goMethodName(wire))
 		if err != nil {
@@ -175,4 +180,37 @@ func (m *method) invoke(ctx context.Context, recv reflect.Value, stream *Stream,
 		return out[0].Interface(), nil
 	}
 	return nil, nil
+}
+
+// findLayers returns the index paths of the struct fields embedded (at any
+// depth) in t whose pointer implements Layer, innermost first.
+func findLayers(t reflect.Type, prefix []int) [][]int {
+	var out [][]int
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.Anonymous || f.Type.Kind() != reflect.Struct {
+			continue
+		}
+		idx := append(append([]int(nil), prefix...), i)
+		out = append(out, findLayers(f.Type, idx)...)
+		if reflect.PointerTo(f.Type).Implements(layerType) {
+			out = append(out, idx)
+		}
+	}
+	return out
+}
+
+var layerType = reflect.TypeFor[Layer]()
+
+// layersOf returns the embedded layers of a, innermost first.
+func (ci *classInfo) layersOf(a Agent) []Layer {
+	if len(ci.layerIdx) == 0 {
+		return nil
+	}
+	v := reflect.ValueOf(a).Elem()
+	out := make([]Layer, 0, len(ci.layerIdx))
+	for _, idx := range ci.layerIdx {
+		out = append(out, v.FieldByIndex(idx).Addr().Interface().(Layer))
+	}
+	return out
 }

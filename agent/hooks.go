@@ -61,20 +61,6 @@ type StateObserver interface {
 	OnStateUpdate(ctx context.Context, state json.RawMessage, from *Conn)
 }
 
-// FrameHandler lets a layer above the runtime (such as chat) claim protocol
-// frames by type. HandleFrame reports whether it handled the frame; frames
-// it does not handle go to OnMessage or are answered with an error.
-type FrameHandler interface {
-	HandleFrame(ctx context.Context, conn *Conn, frameType string, data []byte) bool
-}
-
-// ConnectFramer lets a layer above the runtime send its own frames to a new
-// connection right after the connect frames and before OnConnect (chat
-// sends resume offers here, agent tools their replay).
-type ConnectFramer interface {
-	ConnectFrames(ctx context.Context, conn *Conn)
-}
-
 // HTTPError is an error with an HTTP status, used by hooks to refuse a
 // request with a specific answer.
 type HTTPError struct {

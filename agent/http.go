@@ -5,16 +5,9 @@ import (
 	"net/http"
 )
 
-// HTTPHandler lets a layer above the runtime (such as chat, for
-// /get-messages) claim HTTP requests to an instance before OnRequest sees
-// them. HandleHTTP reports whether it answered the request.
-type HTTPHandler interface {
-	HandleHTTP(ctx context.Context, w http.ResponseWriter, r *http.Request) bool
-}
-
 // ServeInstance answers a plain HTTP request addressed to the instance at
 // path. r.URL.Path must already be the part after the instance prefix ("/"
-// for the instance itself). Layers' HandleHTTP run first, then OnRequest;
+// for the instance itself). Layers' LayerHTTP run first, then OnRequest;
 // with neither, the answer is 404.
 func (rt *Runtime) ServeInstance(w http.ResponseWriter, r *http.Request, path Path) {
 	ctx := r.Context()
@@ -24,8 +17,10 @@ func (rt *Runtime) ServeInstance(w http.ResponseWriter, r *http.Request, path Pa
 		return
 	}
 	defer in.release()
-	if h, ok := in.agent.(HTTPHandler); ok && h.HandleHTTP(ctx, w, r) {
-		return
+	for _, l := range in.layers {
+		if h, ok := l.(LayerHTTPHandler); ok && h.LayerHTTP(ctx, w, r) {
+			return
+		}
 	}
 	if h, ok := in.agent.(RequestHandler); ok {
 		h.OnRequest(ctx, w, r)

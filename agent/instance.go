@@ -15,11 +15,12 @@ import (
 
 // instance is the in-memory side of one agent instance.
 type instance struct {
-	rt    *Runtime
-	path  Path
-	key   string
-	class *classInfo
-	agent Agent
+	rt     *Runtime
+	path   Path
+	key    string
+	class  *classInfo
+	agent  Agent
+	layers []Layer // framework layers embedded in agent, innermost first
 
 	ready      chan struct{} // closed when hydration finished
 	hydrateErr error
@@ -99,6 +100,13 @@ func (in *instance) hydrate() {
 	a := in.class.New()
 	a.base().bind(in)
 	in.agent = a
+	in.layers = in.class.layersOf(a)
+	for _, l := range in.layers {
+		if err := l.StartLayer(ctx, a); err != nil {
+			in.fail(fmt.Errorf("agent: %s start %T: %w", in.key, l, err))
+			return
+		}
+	}
 	if s, ok := a.(Starter); ok {
 		if err := s.OnStart(ctx); err != nil {
 			in.fail(fmt.Errorf("agent: %s OnStart: %w", in.key, err))

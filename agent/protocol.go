@@ -78,8 +78,10 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 	}
 	c.SendRaw(emptyMCP)
 	cctx := WithConn(ctx, c)
-	if cf, ok := in.agent.(ConnectFramer); ok {
-		cf.ConnectFrames(cctx, c)
+	for _, l := range in.layers {
+		if lc, ok := l.(LayerConnector); ok {
+			lc.LayerConnect(cctx, c)
+		}
 	}
 	rt.diag.Publish(diag.ChannelAgent, "connect", in.key, map[string]any{"connection": id})
 	if h, ok := in.agent.(Connector); ok {
@@ -106,8 +108,14 @@ func (c *Conn) Disconnect(code int, reason string) {
 	in.mu.Lock()
 	delete(in.conns, c)
 	in.mu.Unlock()
+	cctx := WithConn(in.rt.ctx, c)
+	for _, l := range in.layers {
+		if lc, ok := l.(LayerCloser); ok {
+			lc.LayerClose(cctx, c)
+		}
+	}
 	if h, ok := in.agent.(Closer); ok {
-		h.OnClose(WithConn(in.rt.ctx, c), c, code, reason)
+		h.OnClose(cctx, c, code, reason)
 	}
 	in.rt.diag.Publish(diag.ChannelAgent, "close", in.key, map[string]any{"connection": c.id, "code": code})
 	in.release()
@@ -149,8 +157,10 @@ func (c *Conn) HandleFrame(ctx context.Context, data []byte) {
 		c.handleClientState(ctx, data)
 		return
 	}
-	if fh, ok := in.agent.(FrameHandler); ok && fh.HandleFrame(ctx, c, head.Type, data) {
-		return
+	for _, l := range in.layers {
+		if fh, ok := l.(LayerFrameHandler); ok && fh.LayerFrame(ctx, c, head.Type, data) {
+			return
+		}
 	}
 	if h, ok := in.agent.(MessageHandler); ok {
 		c.onMessage(ctx, h, data)
