@@ -62,6 +62,8 @@ type Runtime struct {
 	instances map[string]*instance // by Path.String()
 	closed    bool
 
+	values sync.Map // layer configuration, see SetValue
+
 	ctx    context.Context // canceled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background goroutines
@@ -156,9 +158,13 @@ func (rt *Runtime) Route(class string) string {
 	return Kebab(class)
 }
 
-// Start begins background work: schedules that came due while the process
+// Start begins background work: instances with a KeepAwake reason are
+// hydrated (their layers resume unfinished work), schedules that came due while the process
 // was down fire now, then each as it comes due; idle instances are evicted.
 func (rt *Runtime) Start(ctx context.Context) error {
+	if err := rt.wakeAll(ctx); err != nil {
+		return err
+	}
 	if err := rt.sched.start(ctx); err != nil {
 		return err
 	}
@@ -203,6 +209,16 @@ func (rt *Runtime) Go(fn func(ctx context.Context)) {
 		defer rt.wg.Done()
 		fn(rt.ctx)
 	}()
+}
+
+// SetValue stores runtime-wide configuration of a layer under key (use an
+// unexported key type, as with context values). Set values before Start.
+func (rt *Runtime) SetValue(key, v any) { rt.values.Store(key, v) }
+
+// Value returns what SetValue stored under key, or nil.
+func (rt *Runtime) Value(key any) any {
+	v, _ := rt.values.Load(key)
+	return v
 }
 
 // Clock returns the runtime's time source.

@@ -38,4 +38,12 @@ var migrations = []store.Migration{{
 			name TEXT NOT NULL,
 			PRIMARY KEY (instance_id, name))`,
 	},
+}, {
+	Version: 2,
+	Statements: []string{
+		`CREATE TABLE IF NOT EXISTS instance_wake (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			reason TEXT NOT NULL,
+			PRIMARY KEY (instance_id, reason))`,
+	},
 }}

@@ -18,6 +18,7 @@ type StreamError struct {
 	Reason string
 }
 
+// Error describes the offending chunk and what is wrong with it.
 func (e *StreamError) Error() string {
 	return fmt.Sprintf("message: %s chunk %q: %s", e.ChunkType, e.ID, e.Reason)
 }

@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/examples/counter"
+	"github.com/agentry/agentry/examples/echochat"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store/sqlite"
 )
@@ -59,6 +61,7 @@ func serve(args []string) error {
 	data := fs.String("data", "./data", "data folder (SQLite database)")
 	idle := fs.Duration("idle-timeout", 5*time.Minute, "evict instances idle this long")
 	verbose := fs.Bool("v", false, "log debug records (every observability event)")
+	delay := fs.Duration("delay", 20*time.Millisecond, "delay between the scripted model's streamed chunks")
 	fs.Parse(args)
 
 	level := slog.LevelInfo
@@ -79,8 +82,11 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := rt.Register(counter.Class()); err != nil {
-		return err
+	chat.Configure(rt, chat.Config{})
+	for _, c := range []agent.Class{counter.Class(), echochat.Class(echochat.Options{Delay: *delay})} {
+		if err := rt.Register(c); err != nil {
+			return err
+		}
 	}
 	if err := rt.Start(ctx); err != nil {
 		return err

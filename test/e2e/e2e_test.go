@@ -10,7 +10,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/examples/counter"
+	"github.com/agentry/agentry/examples/echochat"
 	"github.com/agentry/agentry/internal/testenv"
 )
 
@@ -40,5 +42,21 @@ func TestAgentClient(t *testing.T) {
 	n, err := env.RT.Call(ctx, parent, "get")
 	if err != nil || string(n) != "45" {
 		t.Errorf("persisted count = %s, %v; want 45", n, err)
+	}
+}
+
+// TestChat runs test/npm/chat.mjs against EchoChat: a streamed answer, a
+// server tool turn, a reload mid-stream that resumes with every chunk once,
+// cancel with the partial answer kept, get-messages, clear, and a malformed
+// request.
+func TestChat(t *testing.T) {
+	env := testenv.Start(t, testenv.Options{
+		Classes: []agent.Class{echochat.Class(echochat.Options{Delay: 20 * time.Millisecond})},
+		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
+	})
+	out := testenv.Node(t, 90*time.Second, "chat.mjs", env.Host, "e2e")
+	t.Log(out)
+	if !strings.Contains(out, "PASS chat") {
+		t.Fatalf("script did not pass:\n%s", out)
 	}
 }

@@ -1,0 +1,394 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/store"
+)
+
+// Base is embedded by chat agents. It embeds agent.Base, so a chat agent is
+// a full agent (state, schedules, sub-agents, RPC) with a transcript.
+type Base struct {
+	agent.Base
+	c *core
+}
+
+var (
+	_ agent.Layer             = (*Base)(nil)
+	_ agent.LayerConnector    = (*Base)(nil)
+	_ agent.LayerFrameHandler = (*Base)(nil)
+	_ agent.LayerHTTPHandler  = (*Base)(nil)
+	_ agent.LayerCloser       = (*Base)(nil)
+)
+
+// wakeReason is the KeepAwake reason of an instance with unfinished turns.
+const wakeReason = "chat"
+
+// core is the chat machinery of one instance.
+type core struct {
+	b    *Base
+	self agent.Agent
+	rt   *agent.Runtime
+	iid  int64
+	cfg  Config
+	log  interface {
+		Error(string, ...any)
+		Warn(string, ...any)
+	}
+
+	acceptMu sync.Mutex // serializes acceptance so turns keep their order
+
+	mu       sync.Mutex
+	msgs     []message.Message
+	queue    []*turn
+	active   *turn
+	working  bool
+	gen      int                    // bumped by clear; stale turns do not persist
+	pending  map[*agent.Conn]string // offered a stream, not yet acknowledged
+	awaiting map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
+	waiters  map[string][]chan TurnResult
+	release  func() // KeepAlive of the worker
+}
+
+// StartLayer loads the transcript and resumes unfinished turns. The runtime
+// calls it on hydration.
+func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
+	rt := b.Runtime()
+	if err := store.Migrate(ctx, rt.DB(), "chat", migrations); err != nil {
+		return err
+	}
+	c := &core{
+		b: b, self: self, rt: rt, iid: b.InstanceID(), cfg: configOf(rt), log: b.Logger(),
+		pending: map[*agent.Conn]string{}, awaiting: map[*agent.Conn]bool{},
+		waiters: map[string][]chan TurnResult{},
+	}
+	b.c = c
+	var unfinished []streamRow
+	err := rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		if c.msgs, err = loadMessages(ctx, tx, c.iid); err != nil {
+			return err
+		}
+		unfinished, err = unfinishedStreams(ctx, tx, c.iid)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("chat: load: %w", err)
+	}
+	if len(unfinished) == 0 {
+		return nil
+	}
+	c.mu.Lock()
+	for _, row := range unfinished {
+		t := c.newTurn(row, nil)
+		t.recovering = row.Status == statusStreaming
+		c.queue = append(c.queue, t)
+	}
+	c.startWorkerLocked()
+	c.mu.Unlock()
+	rt.Diag().Publish(diag.ChannelChat, "recover", b.Path().String(), map[string]any{"turns": len(unfinished)})
+	return nil
+}
+
+// Messages returns a copy of the transcript.
+func (b *Base) Messages() []message.Message {
+	c := b.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]message.Message, len(c.msgs))
+	for i, m := range c.msgs {
+		out[i] = m.Clone()
+	}
+	return out
+}
+
+// SubmitOptions qualify SubmitMessages.
+type SubmitOptions struct {
+	// IdempotencyKey makes the submission run at most once: submitting
+	// the same key again, also after a restart, returns the first
+	// submission's turn id and starts nothing.
+	IdempotencyKey string
+	// Body is passed to the turn as extra request fields.
+	Body json.RawMessage
+}
+
+// SubmitMessages appends msgs to the transcript and queues a turn without
+// waiting for it; it returns the turn id. Use WaitTurn to wait.
+func (b *Base) SubmitMessages(ctx context.Context, msgs []message.Message, opts SubmitOptions) (string, error) {
+	t, err := b.c.accept(ctx, acceptRequest{append: msgs, key: opts.IdempotencyKey, body: opts.Body})
+	if err != nil {
+		return "", err
+	}
+	return t, nil
+}
+
+// SaveMessages appends msgs to the transcript, runs a turn with no client
+// connection (a headless turn) and returns when it ends.
+func (b *Base) SaveMessages(ctx context.Context, msgs []message.Message) (TurnResult, error) {
+	id, err := b.SubmitMessages(ctx, msgs, SubmitOptions{})
+	if err != nil {
+		return TurnResult{}, err
+	}
+	return b.WaitTurn(ctx, id)
+}
+
+// WaitTurn waits for the turn id to end and returns its result. A turn that
+// ended earlier is answered from storage.
+func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
+	c := b.c
+	c.mu.Lock()
+	live := c.active != nil && c.active.row.ID == id
+	for _, t := range c.queue {
+		live = live || t.row.ID == id
+	}
+	if live {
+		ch := make(chan TurnResult, 1)
+		c.waiters[id] = append(c.waiters[id], ch)
+		c.mu.Unlock()
+		select {
+		case r := <-ch:
+			return r, nil
+		case <-ctx.Done():
+			return TurnResult{}, ctx.Err()
+		}
+	}
+	c.mu.Unlock()
+	return c.storedResult(ctx, id)
+}
+
+// storedResult reads a finished turn's result.
+func (c *core) storedResult(ctx context.Context, id string) (TurnResult, error) {
+	var row streamRow
+	var found bool
+	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		row, found, err = getStream(ctx, tx, c.iid, id)
+		return err
+	})
+	if err != nil {
+		return TurnResult{}, fmt.Errorf("chat: turn %s: %w", id, err)
+	}
+	if !found {
+		return TurnResult{}, fmt.Errorf("chat: turn %s: %w", id, store.ErrNotFound)
+	}
+	if row.Status != statusDone {
+		// Unfinished in storage but not queued here: it belongs to an
+		// earlier hydration that is still recovering.
+		return TurnResult{}, fmt.Errorf("chat: turn %s is not finished", id)
+	}
+	r := TurnResult{ID: id, Outcome: row.Outcome, Error: row.Error}
+	c.mu.Lock()
+	for _, m := range c.msgs {
+		if m.ID == row.MessageID {
+			r.Message = m.Clone()
+		}
+	}
+	c.mu.Unlock()
+	return r, nil
+}
+
+// CancelTurn aborts the turn id if it is running or queued, and reports
+// whether it was.
+func (b *Base) CancelTurn(id string) bool { return b.c.cancel(id, errCanceled) }
+
+// ClearMessages deletes the transcript and the stored streams, aborts the
+// running and queued turns, and tells every connection.
+func (b *Base) ClearMessages(ctx context.Context) error { return b.c.clear(ctx, nil) }
+
+// BusyTurn reports the id of the running turn, if any.
+func (b *Base) BusyTurn() (string, bool) {
+	c := b.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.active == nil {
+		return "", false
+	}
+	return c.active.row.ID, true
+}
+
+var errCanceled = errors.New("turn canceled")
+
+type acceptRequest struct {
+	// replace is the client's full transcript (a chat request); append adds
+	// to the stored one (headless turns).
+	replace      []message.Message
+	append       []message.Message
+	origin       *agent.Conn
+	id           string
+	key          string
+	body         json.RawMessage
+	continuation bool
+}
+
+// accept persists the new transcript and a queued turn in one transaction,
+// then queues the turn. With an idempotency key seen before, it returns the
+// earlier turn's id and changes nothing.
+func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
+	c.acceptMu.Lock()
+	defer c.acceptMu.Unlock()
+	if req.id == "" {
+		req.id = newID()
+	}
+	c.mu.Lock()
+	msgs := req.replace
+	if msgs == nil {
+		msgs = append(append([]message.Message(nil), c.msgs...), req.append...)
+	}
+	gen := c.gen
+	c.mu.Unlock()
+	for i := range msgs {
+		if msgs[i].ID == "" {
+			msgs[i].ID = newID()
+		}
+	}
+	row := streamRow{ID: req.id, MessageID: newID(), Status: statusQueued, Continuation: req.continuation,
+		Body: req.body, MessageIDs: trailingUserIDs(msgs)}
+	if req.continuation {
+		if last := lastAssistant(msgs); last != nil {
+			row.MessageID = last.ID
+		}
+	}
+	var existing string
+	now := c.rt.Clock().Now().UnixMilli()
+	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		if req.key != "" {
+			err := tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
+			if err == nil {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO chat_submissions (instance_id, key, stream_id, created_at) VALUES (?, ?, ?, ?)`,
+				c.iid, req.key, row.ID, now); err != nil {
+				return err
+			}
+		}
+		if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO instance_wake (instance_id, reason) VALUES (?, ?)
+			ON CONFLICT (instance_id, reason) DO NOTHING`, c.iid, wakeReason); err != nil {
+			return err
+		}
+		return insertStream(ctx, tx, c.iid, row, now)
+	})
+	if err != nil {
+		return "", fmt.Errorf("chat: accept turn: %w", err)
+	}
+	if existing != "" {
+		return existing, nil
+	}
+	c.mu.Lock()
+	if c.gen != gen {
+		c.mu.Unlock()
+		return "", errors.New("chat: transcript cleared while the turn was accepted")
+	}
+	c.msgs = msgs
+	t := c.newTurn(row, req.origin)
+	c.queue = append(c.queue, t)
+	c.startWorkerLocked()
+	c.mu.Unlock()
+	c.broadcastTranscript(req.origin)
+	return row.ID, nil
+}
+
+func newID() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return uuid.NewString()
+	}
+	return id.String()
+}
+
+// trailingUserIDs returns the ids of the user messages after the last
+// assistant message.
+func trailingUserIDs(msgs []message.Message) []string {
+	var ids []string
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role == message.RoleAssistant {
+			break
+		}
+		if msgs[i].Role == message.RoleUser {
+			ids = append([]string{msgs[i].ID}, ids...)
+		}
+	}
+	return ids
+}
+
+func lastAssistant(msgs []message.Message) *message.Message {
+	if n := len(msgs); n > 0 && msgs[n-1].Role == message.RoleAssistant {
+		return &msgs[n-1]
+	}
+	return nil
+}
+
+// startWorkerLocked starts the turn worker if it is not running. c.mu held.
+func (c *core) startWorkerLocked() {
+	if c.working || len(c.queue) == 0 {
+		return
+	}
+	c.working = true
+	c.release = c.b.KeepAlive()
+	c.rt.Go(func(ctx context.Context) { c.work(ctx) })
+}
+
+// work runs queued turns one at a time, in order.
+func (c *core) work(ctx context.Context) {
+	for {
+		c.mu.Lock()
+		if len(c.queue) == 0 || ctx.Err() != nil {
+			c.working = false
+			release := c.release
+			c.release = nil
+			idle := len(c.queue) == 0
+			c.mu.Unlock()
+			if idle && ctx.Err() == nil {
+				c.clearWakeIfIdle(ctx)
+			}
+			if release != nil {
+				release()
+			}
+			return
+		}
+		t := c.queue[0]
+		c.queue = c.queue[1:]
+		c.active = t
+		c.mu.Unlock()
+
+		res := c.run(ctx, t)
+
+		c.mu.Lock()
+		c.active = nil
+		waiters := c.waiters[t.row.ID]
+		delete(c.waiters, t.row.ID)
+		c.mu.Unlock()
+		for _, w := range waiters {
+			w <- res
+		}
+		if o, ok := c.self.(TurnObserver); ok && ctx.Err() == nil {
+			o.OnTurnEnd(ctx, res)
+		}
+	}
+}
+
+// clearWakeIfIdle drops the wake flag unless a turn is unfinished in
+// storage. One guarded statement, so a turn accepted concurrently (which sets
+// the flag in its own transaction) never loses it.
+func (c *core) clearWakeIfIdle(ctx context.Context) {
+	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
+			AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
+			c.iid, wakeReason, c.iid, statusDone)
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		c.log.Error("chat: clear wake flag", "err", err)
+	}
+}

@@ -1,0 +1,201 @@
+// Package chat makes agents chat-capable: UI transcripts, one turn at a
+// time in order, a model/tool loop with a step limit, headless turns
+// (SaveMessages), idempotent submissions (SubmitMessages), resumable streams
+// with per-stream sequence numbers persisted in batches, crash recovery,
+// cancel and clear. It speaks the protocol of the npm chat clients
+// (useAgentChat, WebSocketChatTransport).
+//
+// A chat agent embeds Base and is written one of two ways:
+//
+//   - declaratively: it implements SystemPrompt, Tools and (or relies on the
+//     runtime default for) ChatModel, and the framework runs the loop;
+//   - with its own handler: it implements OnChatMessage and writes the
+//     turn's chunk stream itself, optionally running the loop inside it.
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/model"
+)
+
+// Hooks of a chat agent, all optional; the framework finds them by type
+// assertion on the agent value.
+
+// ModelProvider gives a declarative chat agent its model. Without it the
+// runtime default (Config.Model) is used.
+type ModelProvider interface {
+	ChatModel() model.Model
+}
+
+// SystemPrompter gives a declarative chat agent its system prompt.
+type SystemPrompter interface {
+	SystemPrompt() string
+}
+
+// ToolProvider gives a declarative chat agent its server-side tools.
+type ToolProvider interface {
+	Tools() []Tool
+}
+
+// StepLimiter caps the model steps of one turn (default 10).
+type StepLimiter interface {
+	MaxSteps() int
+}
+
+// Handler is implemented by chat agents that write their turns themselves
+// (the AIChatAgent style). OnChatMessage writes the turn's chunks with
+// t.Write (or runs the framework loop with t.RunLoop); the framework sends
+// the start and finish chunks, persists the message and ends the turn.
+type Handler interface {
+	OnChatMessage(ctx context.Context, t *Turn) error
+}
+
+// Recovery says what to do with a turn the process died in.
+type Recovery int
+
+const (
+	// RecoverContinue keeps the turn's completed steps (their tool calls
+	// are not run again) and continues it from the last step boundary; with
+	// no completed step it is the same as RecoverRetry. The default.
+	RecoverContinue Recovery = iota
+	// RecoverRetry discards the partial answer and runs the turn again.
+	RecoverRetry
+	// RecoverAbandon ends the turn with outcome error.
+	RecoverAbandon
+)
+
+// RecoveryPolicy lets an agent choose how its interrupted turns recover,
+// given the partial assistant message that was persisted.
+type RecoveryPolicy interface {
+	RecoverTurn(ctx context.Context, partial message.Message) Recovery
+}
+
+// TurnObserver is told when a turn ends.
+type TurnObserver interface {
+	OnTurnEnd(ctx context.Context, r TurnResult)
+}
+
+// Config is the runtime-wide chat configuration, set with Configure.
+type Config struct {
+	// Model is the default model of declarative agents that do not
+	// implement ChatModel.
+	Model model.Model
+	// Retention is how long a finished stream's chunks are kept for
+	// clients that resume late; zero means 10 minutes.
+	Retention time.Duration
+	// FlushInterval bounds how long a streamed chunk waits before it is
+	// persisted; zero means 100 ms.
+	FlushInterval time.Duration
+	// FlushChunks persists a batch as soon as this many chunks wait; zero
+	// means 64.
+	FlushChunks int
+}
+
+type configKey struct{}
+
+// Configure sets the runtime-wide chat configuration. Call it before
+// Start.
+func Configure(rt *agent.Runtime, cfg Config) {
+	if cfg.Retention == 0 {
+		cfg.Retention = 10 * time.Minute
+	}
+	if cfg.FlushInterval == 0 {
+		cfg.FlushInterval = 100 * time.Millisecond
+	}
+	if cfg.FlushChunks == 0 {
+		cfg.FlushChunks = 64
+	}
+	rt.SetValue(configKey{}, cfg)
+}
+
+func configOf(rt *agent.Runtime) Config {
+	if c, ok := rt.Value(configKey{}).(Config); ok {
+		return c
+	}
+	return Config{Retention: 10 * time.Minute, FlushInterval: 100 * time.Millisecond, FlushChunks: 64}
+}
+
+// TurnResult is how a turn ended.
+type TurnResult struct {
+	// ID is the turn's request (stream) id.
+	ID string
+	// Outcome is completed, error, aborted or skipped.
+	Outcome string
+	// Error is the error text of an error outcome.
+	Error string
+	// Message is the assistant message the turn produced (possibly
+	// partial, for aborted and error outcomes; empty when it produced
+	// nothing).
+	Message message.Message
+}
+
+// Text returns the concatenated text parts of the turn's message.
+func (r TurnResult) Text() string { return MessageText(r.Message) }
+
+// MessageText returns the concatenated text of a message's text parts.
+func MessageText(m message.Message) string {
+	var s string
+	for _, p := range m.Parts {
+		if p.Type == message.PartText {
+			s += p.Text
+		}
+	}
+	return s
+}
+
+// wire frames of the chat protocol.
+const (
+	frameRequest       = "cf_agent_use_chat_request"
+	frameResponse      = "cf_agent_use_chat_response"
+	frameMessages      = "cf_agent_chat_messages"
+	frameClear         = "cf_agent_chat_clear"
+	frameCancel        = "cf_agent_chat_request_cancel"
+	frameResumeRequest = "cf_agent_stream_resume_request"
+	frameResumeAck     = "cf_agent_stream_resume_ack"
+	frameResuming      = "cf_agent_stream_resuming"
+	frameResumeNone    = "cf_agent_stream_resume_none"
+	framePending       = "cf_agent_stream_pending"
+	frameToolResult    = "cf_agent_tool_result"
+	frameToolApproval  = "cf_agent_tool_approval"
+	frameMsgUpdated    = "cf_agent_message_updated"
+)
+
+type responseFrame struct {
+	Type           string   `json:"type"`
+	ID             string   `json:"id"`
+	Body           string   `json:"body"`
+	Done           bool     `json:"done"`
+	Error          bool     `json:"error,omitempty"`
+	Continuation   bool     `json:"continuation,omitempty"`
+	Replay         bool     `json:"replay,omitempty"`
+	ReplayComplete bool     `json:"replayComplete,omitempty"`
+	Seq            *int     `json:"seq,omitempty"`
+	MessageIDs     []string `json:"messageIds,omitempty"`
+	Outcome        string   `json:"outcome,omitempty"`
+}
+
+type messagesFrame struct {
+	Type     string            `json:"type"`
+	Messages []message.Message `json:"messages"`
+	Connect  bool              `json:"connect,omitempty"`
+}
+
+type probeFrame struct {
+	Type    string `json:"type"`
+	ID      string `json:"id,omitempty"`
+	ProbeID string `json:"probeId,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+func encode(v any) []byte {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic("chat: encode frame: " + err.Error())
+	}
+	return data
+}

@@ -1,0 +1,276 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/model"
+)
+
+// LoopOptions configure the model/tool loop.
+type LoopOptions struct {
+	Model  model.Model
+	System string
+	Tools  []Tool
+	// MaxSteps caps model calls in the turn; zero means 10.
+	MaxSteps int
+}
+
+func (c *core) loopOptions() LoopOptions {
+	o := LoopOptions{Model: c.cfg.Model}
+	if p, ok := c.self.(ModelProvider); ok {
+		if m := p.ChatModel(); m != nil {
+			o.Model = m
+		}
+	}
+	if p, ok := c.self.(SystemPrompter); ok {
+		o.System = p.SystemPrompt()
+	}
+	if p, ok := c.self.(ToolProvider); ok {
+		o.Tools = p.Tools()
+	}
+	if p, ok := c.self.(StepLimiter); ok {
+		o.MaxSteps = p.MaxSteps()
+	}
+	return o
+}
+
+// ErrNoModel is returned by a declarative turn when neither the agent nor
+// the runtime configuration names a model.
+var ErrNoModel = errors.New("chat: no model: implement ChatModel or set chat.Config.Model")
+
+// RunLoop runs the model/tool loop in this turn: call the model with the
+// transcript and the message so far, stream its text, reasoning and tool
+// calls, execute the calls server-side (in parallel when the model asks for
+// several) and feed the results back, until the model answers without tool
+// calls or the step limit is reached. Completed steps of a recovered turn
+// count toward the limit and are not run again.
+func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
+	if o.Model == nil {
+		return ErrNoModel
+	}
+	if o.MaxSteps <= 0 {
+		o.MaxSteps = 10
+	}
+	t := tt.t
+	tools := make(map[string]Tool, len(o.Tools))
+	specs := make([]model.ToolSpec, 0, len(o.Tools))
+	for _, tl := range o.Tools {
+		tools[tl.Name] = tl
+		specs = append(specs, tl.Spec())
+	}
+	done := countSteps(t.builder.Message())
+	finish := model.FinishStop
+	for step := done; step < o.MaxSteps; step++ {
+		sys, conv := message.ToModel(append(append([]message.Message(nil), tt.Messages...), t.builder.Message()))
+		if o.System != "" {
+			if sys != "" {
+				sys = o.System + "\n\n" + sys
+			} else {
+				sys = o.System
+			}
+		}
+		req := &model.Request{System: sys, Messages: conv, Tools: specs}
+		if err := tt.Write(message.StartStep()); err != nil {
+			return err
+		}
+		calls, reason, err := tt.streamStep(ctx, o.Model, req, tools)
+		if err != nil {
+			return err
+		}
+		finish = reason
+		if len(calls) > 0 {
+			if err := tt.executeCalls(ctx, calls, tools); err != nil {
+				return err
+			}
+		}
+		if err := tt.Write(message.FinishStep()); err != nil {
+			return err
+		}
+		if len(calls) == 0 {
+			break
+		}
+	}
+	return tt.Write(message.Finish(finish))
+}
+
+// countSteps counts completed steps (step-start parts) in a message.
+func countSteps(m message.Message) int {
+	n := 0
+	for _, p := range m.Parts {
+		if p.Type == message.PartStepStart {
+			n++
+		}
+	}
+	return n
+}
+
+type pendingCall struct {
+	id, name string
+	input    json.RawMessage
+	valid    bool
+}
+
+// streamStep streams one model call into the message and returns the tool
+// calls it asked for.
+func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Request, tools map[string]Tool) ([]pendingCall, string, error) {
+	var textID, reasoningID string
+	started := map[string]bool{}
+	var calls []pendingCall
+	finish := model.FinishStop
+	closeText := func() error {
+		if textID != "" {
+			id := textID
+			textID = ""
+			return tt.Write(message.TextEnd(id))
+		}
+		return nil
+	}
+	closeReasoning := func() error {
+		if reasoningID != "" {
+			id := reasoningID
+			reasoningID = ""
+			return tt.Write(message.ReasoningEnd(id))
+		}
+		return nil
+	}
+	for ev, err := range m.Stream(ctx, req) {
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, "", context.Cause(ctx)
+			}
+			_ = closeText()
+			_ = closeReasoning()
+			tt.t.errText = err.Error()
+			return nil, "", fmt.Errorf("%w: %v", errTurnError, err)
+		}
+		var werr error
+		switch ev.Kind {
+		case model.EventTextDelta:
+			if ev.Text == "" {
+				continue
+			}
+			if werr = closeReasoning(); werr != nil {
+				break
+			}
+			if textID == "" {
+				textID = newID()
+				if werr = tt.Write(message.TextStart(textID)); werr != nil {
+					break
+				}
+			}
+			werr = tt.Write(message.TextDelta(textID, ev.Text))
+		case model.EventReasoningDelta:
+			if ev.Text == "" {
+				continue
+			}
+			if werr = closeText(); werr != nil {
+				break
+			}
+			if reasoningID == "" {
+				reasoningID = newID()
+				if werr = tt.Write(message.ReasoningStart(reasoningID)); werr != nil {
+					break
+				}
+			}
+			werr = tt.Write(message.ReasoningDelta(reasoningID, ev.Text))
+		case model.EventToolCallStart:
+			if werr = closeText(); werr == nil {
+				werr = closeReasoning()
+			}
+			if werr == nil && !started[ev.ToolCallID] {
+				started[ev.ToolCallID] = true
+				werr = tt.Write(message.ToolInputStart(ev.ToolCallID, ev.ToolName))
+			}
+		case model.EventToolCallDelta:
+			if started[ev.ToolCallID] && ev.InputDelta != "" {
+				werr = tt.Write(message.ToolInputDelta(ev.ToolCallID, ev.InputDelta))
+			}
+		case model.EventToolCall:
+			if werr = closeText(); werr == nil {
+				werr = closeReasoning()
+			}
+			if werr != nil {
+				break
+			}
+			input := ev.Input
+			if len(input) == 0 {
+				input = json.RawMessage(`{}`)
+			}
+			pc := pendingCall{id: ev.ToolCallID, name: ev.ToolName, input: input}
+			tl, known := tools[ev.ToolName]
+			var verr error
+			switch {
+			case !known:
+				verr = fmt.Errorf("unknown tool %q", ev.ToolName)
+			case !json.Valid(input):
+				verr = errors.New("tool input is not valid JSON")
+				input, _ = json.Marshal(string(input))
+			default:
+				verr = tl.Validate(input)
+			}
+			if verr != nil {
+				ch := message.ToolInputError(ev.ToolCallID, ev.ToolName, input, verr.Error())
+				werr = tt.Write(ch)
+			} else {
+				pc.valid = true
+				ch := message.ToolInputAvailable(ev.ToolCallID, ev.ToolName, input)
+				ch.Title = tl.Title
+				werr = tt.Write(ch)
+			}
+			calls = append(calls, pc)
+		case model.EventFinish:
+			if ev.FinishReason != "" {
+				finish = ev.FinishReason
+			}
+		}
+		if werr != nil {
+			return nil, "", werr
+		}
+	}
+	if err := closeText(); err != nil {
+		return nil, "", err
+	}
+	if err := closeReasoning(); err != nil {
+		return nil, "", err
+	}
+	return calls, finish, nil
+}
+
+// executeCalls runs the valid calls in parallel and writes each result as it
+// arrives.
+func (tt *Turn) executeCalls(ctx context.Context, calls []pendingCall, tools map[string]Tool) error {
+	var mu sync.Mutex // serializes writes from the tool goroutines
+	var wg sync.WaitGroup
+	var firstErr error
+	for _, pc := range calls {
+		if !pc.valid {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tctx := WithToolCall(ctx, ToolCall{ID: pc.id, Name: pc.name, Input: pc.input})
+			out, err := tools[pc.name].Execute(tctx, pc.input)
+			var ch message.Chunk
+			if err != nil {
+				ch = message.ToolOutputError(pc.id, err.Error())
+			} else if raw, merr := json.Marshal(out); merr != nil {
+				ch = message.ToolOutputError(pc.id, "tool output is not JSON: "+merr.Error())
+			} else {
+				ch = message.ToolOutputAvailable(pc.id, raw)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if werr := tt.Write(ch); werr != nil && firstErr == nil {
+				firstErr = werr
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}

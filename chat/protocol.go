@@ -1,0 +1,411 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/store"
+)
+
+// LayerConnect sends a new connection the transcript and, when a turn is
+// streaming, offers it the stream (the connection then waits for its replay
+// instead of receiving live chunks).
+func (b *Base) LayerConnect(ctx context.Context, conn *agent.Conn) {
+	c := b.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	conn.SendRaw(encode(messagesFrame{Type: frameMessages, Messages: nonNil(c.msgs), Connect: true}))
+	if t := c.active; t != nil && t.started {
+		c.pending[conn] = t.row.ID
+		conn.SendRaw(encode(probeFrame{Type: frameResuming, ID: t.row.ID}))
+	}
+}
+
+// LayerClose forgets a closed connection's resume state.
+func (b *Base) LayerClose(ctx context.Context, conn *agent.Conn) {
+	c := b.c
+	c.mu.Lock()
+	delete(c.pending, conn)
+	delete(c.awaiting, conn)
+	c.mu.Unlock()
+}
+
+// LayerHTTP answers GET …/get-messages with the transcript.
+func (b *Base) LayerHTTP(ctx context.Context, w http.ResponseWriter, r *http.Request) bool {
+	if r.URL.Path != "/get-messages" {
+		return false
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return true
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(encode(nonNil(b.Messages())))
+	return true
+}
+
+// LayerFrame handles the chat protocol's client frames.
+func (b *Base) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, data []byte) bool {
+	c := b.c
+	switch typ {
+	case frameRequest:
+		c.onRequest(ctx, conn, data)
+	case frameCancel:
+		var f struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(data, &f) != nil || f.ID == "" {
+			conn.SendError("bad_chat_frame", "cancel frame needs an id")
+			return true
+		}
+		c.cancel(f.ID, errCanceled)
+	case frameResumeRequest:
+		var f struct {
+			ProbeID string `json:"probeId"`
+		}
+		_ = json.Unmarshal(data, &f)
+		c.onResumeRequest(conn, f.ProbeID)
+	case frameResumeAck:
+		var f struct {
+			ID string `json:"id"`
+		}
+		if json.Unmarshal(data, &f) != nil || f.ID == "" {
+			conn.SendError("bad_chat_frame", "resume ack needs an id")
+			return true
+		}
+		c.onResumeAck(ctx, conn, f.ID)
+	case frameClear:
+		if err := c.clear(ctx, conn); err != nil {
+			conn.SendError("chat_failed", err.Error())
+		}
+	case frameMessages:
+		var f struct {
+			Messages []message.Message `json:"messages"`
+		}
+		if err := json.Unmarshal(data, &f); err != nil {
+			conn.SendError("bad_chat_frame", "malformed messages frame: "+err.Error())
+			return true
+		}
+		if err := c.replaceTranscript(ctx, f.Messages, conn); err != nil {
+			conn.SendError("chat_failed", err.Error())
+		}
+	case frameToolResult:
+		c.onToolResult(ctx, conn, data)
+	case frameToolApproval:
+		c.onToolApproval(ctx, conn, data)
+	default:
+		return false
+	}
+	return true
+}
+
+// onRequest accepts a cf_agent_use_chat_request.
+func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
+	var f struct {
+		ID   string `json:"id"`
+		Init struct {
+			Method string `json:"method"`
+			Body   string `json:"body"`
+		} `json:"init"`
+	}
+	fail := func(msg string) {
+		if f.ID != "" {
+			conn.Send(responseFrame{Type: frameResponse, ID: f.ID, Body: msg, Done: true, Error: true})
+		} else {
+			conn.SendError("bad_chat_request", msg)
+		}
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		fail("malformed chat request: " + err.Error())
+		return
+	}
+	if f.ID == "" {
+		fail("chat request has no id")
+		return
+	}
+	if f.Init.Method != "" && f.Init.Method != http.MethodPost {
+		fail("chat request method must be POST")
+		return
+	}
+	var body struct {
+		Messages []message.Message `json:"messages"`
+		Trigger  string            `json:"trigger"`
+	}
+	if err := json.Unmarshal([]byte(f.Init.Body), &body); err != nil {
+		fail("chat request body is not JSON: " + err.Error())
+		return
+	}
+	if body.Messages == nil {
+		fail("chat request body has no messages")
+		return
+	}
+	var extra map[string]json.RawMessage
+	_ = json.Unmarshal([]byte(f.Init.Body), &extra)
+	delete(extra, "messages")
+	var rawExtra json.RawMessage
+	if len(extra) > 0 {
+		rawExtra, _ = json.Marshal(extra)
+	}
+	c.mu.Lock()
+	dup := c.active != nil && c.active.row.ID == f.ID
+	for _, t := range c.queue {
+		dup = dup || t.row.ID == f.ID
+	}
+	c.mu.Unlock()
+	if dup {
+		return // the client re-sent a request that is already running
+	}
+	if _, err := c.accept(ctx, acceptRequest{replace: body.Messages, origin: conn, id: f.ID, body: rawExtra}); err != nil {
+		c.log.Error("chat: accept request", "err", err)
+		fail("could not accept the request")
+	}
+}
+
+// onResumeRequest answers a client's resume probe.
+func (c *core) onResumeRequest(conn *agent.Conn, probeID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch t := c.active; {
+	case t != nil && t.started:
+		c.pending[conn] = t.row.ID
+		conn.SendRaw(encode(probeFrame{Type: frameResuming, ID: t.row.ID, ProbeID: probeID}))
+	case t != nil || len(c.queue) > 0:
+		id := ""
+		if t != nil {
+			id = t.row.ID
+		} else {
+			id = c.queue[0].row.ID
+		}
+		c.awaiting[conn] = true
+		conn.SendRaw(encode(probeFrame{Type: framePending, ID: id, ProbeID: probeID}))
+	default:
+		conn.SendRaw(encode(probeFrame{Type: frameResumeNone, Reason: "idle", ProbeID: probeID}))
+	}
+}
+
+// onResumeAck replays a stream to a connection that accepted the offer:
+// every chunk so far, then (live) replayComplete and live chunks from then
+// on, or (finished) the terminal frame.
+func (c *core) onResumeAck(ctx context.Context, conn *agent.Conn, id string) {
+	c.mu.Lock()
+	if t := c.active; t != nil && t.row.ID == id {
+		for _, sc := range t.chunks {
+			seq := sc.Seq
+			conn.SendRaw(encode(responseFrame{Type: frameResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: t.row.Continuation}))
+		}
+		conn.SendRaw(encode(responseFrame{Type: frameResponse, ID: id, Replay: true, ReplayComplete: true, Continuation: t.row.Continuation}))
+		delete(c.pending, conn)
+		c.mu.Unlock()
+		return
+	}
+	delete(c.pending, conn)
+	c.mu.Unlock()
+
+	var row streamRow
+	var found bool
+	var chunks []storedChunk
+	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		row, found, err = getStream(ctx, tx, c.iid, id)
+		if err != nil || !found {
+			return err
+		}
+		chunks, err = loadChunks(ctx, tx, c.iid, id)
+		return err
+	})
+	if err != nil {
+		c.log.Error("chat: load stream for replay", "stream", id, "err", err)
+	}
+	if !found || row.Status != statusDone {
+		conn.Send(responseFrame{Type: frameResponse, ID: id, Done: true, Replay: true})
+		return
+	}
+	for _, sc := range chunks {
+		seq := sc.Seq
+		conn.SendRaw(encode(responseFrame{Type: frameResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: row.Continuation}))
+	}
+	if row.Outcome == OutcomeError {
+		conn.Send(responseFrame{Type: frameResponse, ID: id, Body: row.Error, Error: true, Replay: true, Continuation: row.Continuation})
+	}
+	conn.Send(responseFrame{Type: frameResponse, ID: id, Done: true, Replay: true, MessageIDs: row.MessageIDs,
+		Outcome: row.Outcome, Continuation: row.Continuation})
+}
+
+// clear wipes the transcript and streams, aborts the turns, and tells the
+// other connections (all of them when from is nil).
+func (c *core) clear(ctx context.Context, from *agent.Conn) error {
+	c.acceptMu.Lock()
+	defer c.acceptMu.Unlock()
+	c.mu.Lock()
+	c.gen++
+	active := c.active
+	queued := c.queue
+	c.queue = nil
+	c.msgs = nil
+	clear(c.pending)
+	clear(c.awaiting)
+	c.mu.Unlock()
+	if active != nil {
+		active.cancel(errCanceled)
+	}
+	for _, t := range queued {
+		t.cancel(errCanceled)
+	}
+	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		for _, q := range []string{
+			`DELETE FROM chat_messages WHERE instance_id = ?`,
+			`DELETE FROM chat_chunks WHERE instance_id = ?`,
+			`DELETE FROM chat_streams WHERE instance_id = ?`,
+		} {
+			if _, err := tx.Exec(ctx, q, c.iid); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	frame := encode(probeFrame{Type: frameClear})
+	if from != nil {
+		c.b.BroadcastRaw(frame, from)
+	} else {
+		c.b.BroadcastRaw(frame)
+	}
+	return nil
+}
+
+// replaceTranscript stores a transcript a client sent and tells the others.
+func (c *core) replaceTranscript(ctx context.Context, msgs []message.Message, from *agent.Conn) error {
+	c.acceptMu.Lock()
+	defer c.acceptMu.Unlock()
+	for i := range msgs {
+		if msgs[i].ID == "" {
+			msgs[i].ID = newID()
+		}
+	}
+	if err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return replaceMessages(ctx, tx, c.iid, msgs) }); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.msgs = msgs
+	c.mu.Unlock()
+	c.broadcastTranscript(from)
+	return nil
+}
+
+// updateToolPart applies fn to the tool part toolCallId of the stored
+// transcript, persists the message and broadcasts cf_agent_message_updated.
+func (c *core) updateToolPart(ctx context.Context, toolCallID string, fn func(p *message.Part)) bool {
+	c.acceptMu.Lock()
+	defer c.acceptMu.Unlock()
+	c.mu.Lock()
+	pos, idx := -1, -1
+	for i := len(c.msgs) - 1; i >= 0 && pos < 0; i-- {
+		for j, p := range c.msgs[i].Parts {
+			if p.ToolCallID == toolCallID && p.IsTool() {
+				pos, idx = i, j
+				break
+			}
+		}
+	}
+	if pos < 0 {
+		c.mu.Unlock()
+		return false
+	}
+	m := c.msgs[pos].Clone()
+	fn(&m.Parts[idx])
+	c.mu.Unlock()
+	if err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return putMessage(ctx, tx, c.iid, pos, m) }); err != nil {
+		c.log.Error("chat: persist tool result", "err", err)
+		return false
+	}
+	c.mu.Lock()
+	if pos < len(c.msgs) && c.msgs[pos].ID == m.ID {
+		c.msgs[pos] = m
+	}
+	c.mu.Unlock()
+	c.b.Broadcast(struct {
+		Type    string          `json:"type"`
+		Message message.Message `json:"message"`
+	}{frameMsgUpdated, m})
+	return true
+}
+
+// onToolResult applies a client tool's result and, with autoContinue, runs a
+// continuation turn.
+func (c *core) onToolResult(ctx context.Context, conn *agent.Conn, data []byte) {
+	var f struct {
+		ToolCallID   string          `json:"toolCallId"`
+		Output       json.RawMessage `json:"output"`
+		State        string          `json:"state"`
+		ErrorText    string          `json:"errorText"`
+		AutoContinue bool            `json:"autoContinue"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil || f.ToolCallID == "" {
+		conn.SendError("bad_chat_frame", "tool result needs a toolCallId")
+		return
+	}
+	ok := c.updateToolPart(ctx, f.ToolCallID, func(p *message.Part) {
+		if f.State == message.StateOutputError {
+			p.State, p.ErrorText = message.StateOutputError, f.ErrorText
+		} else {
+			p.State, p.Output = message.StateOutputAvailable, f.Output
+		}
+	})
+	if !ok {
+		conn.SendError("unknown_tool_call", "no tool call "+f.ToolCallID)
+		return
+	}
+	if f.AutoContinue {
+		c.continueTurn(ctx, conn)
+	}
+}
+
+// onToolApproval applies a user's approval decision and, with autoContinue,
+// runs a continuation turn.
+func (c *core) onToolApproval(ctx context.Context, conn *agent.Conn, data []byte) {
+	var f struct {
+		ToolCallID   string `json:"toolCallId"`
+		Approved     bool   `json:"approved"`
+		AutoContinue bool   `json:"autoContinue"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil || f.ToolCallID == "" {
+		conn.SendError("bad_chat_frame", "tool approval needs a toolCallId")
+		return
+	}
+	ok := c.updateToolPart(ctx, f.ToolCallID, func(p *message.Part) {
+		if p.Approval == nil {
+			p.Approval = &message.Approval{}
+		}
+		approved := f.Approved
+		p.Approval.Approved = &approved
+		if f.Approved {
+			p.State = message.StateApprovalResponded
+		} else {
+			p.State = message.StateOutputDenied
+		}
+	})
+	if !ok {
+		conn.SendError("unknown_tool_call", "no tool call "+f.ToolCallID)
+		return
+	}
+	if f.AutoContinue {
+		c.continueTurn(ctx, conn)
+	}
+}
+
+func (c *core) continueTurn(ctx context.Context, conn *agent.Conn) {
+	c.mu.Lock()
+	msgs := append([]message.Message(nil), c.msgs...)
+	c.mu.Unlock()
+	if lastAssistant(msgs) == nil {
+		return
+	}
+	if _, err := c.accept(ctx, acceptRequest{replace: msgs, continuation: true}); err != nil {
+		c.log.Error("chat: continuation", "err", err)
+	}
+}

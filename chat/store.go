@@ -1,0 +1,232 @@
+package chat
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/store"
+)
+
+// migrations is the chat layer's schema. Every table is keyed by the
+// instance id and cascades with the instance.
+var migrations = []store.Migration{{
+	Version: 1,
+	Statements: []string{
+		`CREATE TABLE IF NOT EXISTS chat_messages (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			id TEXT NOT NULL,
+			position BIGINT NOT NULL,
+			role TEXT NOT NULL,
+			body TEXT NOT NULL,
+			PRIMARY KEY (instance_id, id))`,
+		`CREATE INDEX IF NOT EXISTS chat_messages_order ON chat_messages(instance_id, position)`,
+		`CREATE TABLE IF NOT EXISTS chat_streams (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			id TEXT NOT NULL,
+			message_id TEXT NOT NULL,
+			status TEXT NOT NULL,
+			outcome TEXT,
+			error TEXT,
+			message_ids TEXT,
+			continuation INTEGER NOT NULL DEFAULT 0,
+			body TEXT,
+			attempts BIGINT NOT NULL DEFAULT 0,
+			next_seq BIGINT NOT NULL DEFAULT 0,
+			created_at BIGINT NOT NULL,
+			finished_at BIGINT,
+			PRIMARY KEY (instance_id, id))`,
+		`CREATE INDEX IF NOT EXISTS chat_streams_status ON chat_streams(instance_id, status, created_at)`,
+		`CREATE TABLE IF NOT EXISTS chat_chunks (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			stream_id TEXT NOT NULL,
+			seq BIGINT NOT NULL,
+			body TEXT NOT NULL,
+			PRIMARY KEY (instance_id, stream_id, seq))`,
+		`CREATE TABLE IF NOT EXISTS chat_submissions (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			key TEXT NOT NULL,
+			stream_id TEXT NOT NULL,
+			created_at BIGINT NOT NULL,
+			PRIMARY KEY (instance_id, key))`,
+	},
+}}
+
+// Stream statuses in chat_streams.
+const (
+	statusQueued    = "queued"
+	statusStreaming = "streaming"
+	statusDone      = "done"
+)
+
+// Outcomes of a turn, as sent on its terminal frame.
+const (
+	OutcomeCompleted = "completed"
+	OutcomeError     = "error"
+	OutcomeAborted   = "aborted"
+	OutcomeSkipped   = "skipped"
+)
+
+// streamRow is one row of chat_streams.
+type streamRow struct {
+	ID           string
+	MessageID    string
+	Status       string
+	Outcome      string
+	Error        string
+	MessageIDs   []string
+	Continuation bool
+	Body         json.RawMessage
+	Attempts     int
+	NextSeq      int
+}
+
+func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Message, error) {
+	rows, err := tx.Query(ctx, `SELECT body FROM chat_messages WHERE instance_id = ? ORDER BY position`, iid)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []message.Message
+	for rows.Next() {
+		var body string
+		if err := rows.Scan(&body); err != nil {
+			return nil, err
+		}
+		var m message.Message
+		if err := json.Unmarshal([]byte(body), &m); err != nil {
+			return nil, fmt.Errorf("decode stored message: %w", err)
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// replaceMessages makes the stored transcript exactly msgs.
+func replaceMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) error {
+	if _, err := tx.Exec(ctx, `DELETE FROM chat_messages WHERE instance_id = ?`, iid); err != nil {
+		return err
+	}
+	for i, m := range msgs {
+		if err := putMessage(ctx, tx, iid, i, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func putMessage(ctx context.Context, tx store.Tx, iid int64, pos int, m message.Message) error {
+	body, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode message %s: %w", m.ID, err)
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO chat_messages (instance_id, id, position, role, body) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (instance_id, id) DO UPDATE SET position = excluded.position, role = excluded.role, body = excluded.body`,
+		iid, m.ID, pos, string(m.Role), string(body))
+	return err
+}
+
+func insertStream(ctx context.Context, tx store.Tx, iid int64, s streamRow, now int64) error {
+	ids, _ := json.Marshal(s.MessageIDs)
+	cont := 0
+	if s.Continuation {
+		cont = 1
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now)
+	return err
+}
+
+func nullRaw(b json.RawMessage) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return string(b)
+}
+
+const streamCols = `id, message_id, status, outcome, error, message_ids, continuation, body, attempts, next_seq`
+
+func scanStream(r interface{ Scan(...any) error }) (streamRow, error) {
+	var s streamRow
+	var outcome, errText, ids, body sql.NullString
+	var cont int
+	if err := r.Scan(&s.ID, &s.MessageID, &s.Status, &outcome, &errText, &ids, &cont, &body, &s.Attempts, &s.NextSeq); err != nil {
+		return s, err
+	}
+	s.Outcome, s.Error, s.Continuation = outcome.String, errText.String, cont != 0
+	if ids.Valid {
+		_ = json.Unmarshal([]byte(ids.String), &s.MessageIDs)
+	}
+	if body.Valid {
+		s.Body = json.RawMessage(body.String)
+	}
+	return s, nil
+}
+
+func getStream(ctx context.Context, tx store.Tx, iid int64, id string) (streamRow, bool, error) {
+	s, err := scanStream(tx.QueryRow(ctx, `SELECT `+streamCols+` FROM chat_streams WHERE instance_id = ? AND id = ?`, iid, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return s, false, nil
+	}
+	return s, err == nil, err
+}
+
+// unfinishedStreams returns queued and streaming turns, oldest first.
+func unfinishedStreams(ctx context.Context, tx store.Tx, iid int64) ([]streamRow, error) {
+	rows, err := tx.Query(ctx, `SELECT `+streamCols+` FROM chat_streams
+		WHERE instance_id = ? AND status <> ? ORDER BY created_at, id`, iid, statusDone)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []streamRow
+	for rows.Next() {
+		s, err := scanStream(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// storedChunk is one persisted chunk of a stream.
+type storedChunk struct {
+	Seq  int
+	Body string
+}
+
+func loadChunks(ctx context.Context, tx store.Tx, iid int64, streamID string) ([]storedChunk, error) {
+	rows, err := tx.Query(ctx, `SELECT seq, body FROM chat_chunks WHERE instance_id = ? AND stream_id = ? ORDER BY seq`, iid, streamID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []storedChunk
+	for rows.Next() {
+		var c storedChunk
+		if err := rows.Scan(&c.Seq, &c.Body); err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, chunks []storedChunk) error {
+	for _, c := range chunks {
+		if _, err := tx.Exec(ctx, `INSERT INTO chat_chunks (instance_id, stream_id, seq, body) VALUES (?, ?, ?, ?)
+			ON CONFLICT (instance_id, stream_id, seq) DO NOTHING`, iid, streamID, c.Seq, c.Body); err != nil {
+			return err
+		}
+	}
+	if len(chunks) > 0 {
+		_, err := tx.Exec(ctx, `UPDATE chat_streams SET next_seq = ? WHERE instance_id = ? AND id = ? AND next_seq < ?`,
+			chunks[len(chunks)-1].Seq+1, iid, streamID, chunks[len(chunks)-1].Seq+1)
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,150 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/jsonschema-go/jsonschema"
+
+	"github.com/agentry/agentry/model"
+)
+
+// Tool is a server-side tool a chat agent's model can call. Build one with
+// NewTool; the zero Tool is not usable.
+type Tool struct {
+	// Name is the tool name the model calls.
+	Name string
+	// Description tells the model what the tool does.
+	Description string
+	// Title is an optional display name sent with the tool's chunks.
+	Title string
+
+	schema   *jsonschema.Schema
+	resolved *jsonschema.Resolved
+	exec     func(ctx context.Context, input json.RawMessage) (any, error)
+}
+
+// Validator is implemented by tool input types with checks beyond their
+// JSON Schema; a returned error is reported to the model as invalid input.
+type Validator interface {
+	Validate() error
+}
+
+// NewTool returns a tool whose input is In, decoded from the model's JSON.
+// Its JSON Schema is inferred from In (struct fields without omitempty are
+// required; a `jsonschema:"…"` tag is the field's description); every input
+// is validated against it, and against In's Validate method if it has one,
+// before fn runs. Invalid input, an error returned by fn and a panic in fn
+// all become tool errors the model sees; the turn goes on.
+func NewTool[In, Out any](name, description string, fn func(ctx context.Context, in In) (Out, error)) Tool {
+	schema, err := jsonschema.For[In](nil)
+	if err != nil {
+		panic(fmt.Sprintf("chat: tool %s: infer input schema: %v", name, err))
+	}
+	t := Tool{Name: name, Description: description, schema: schema}
+	t.exec = func(ctx context.Context, raw json.RawMessage) (any, error) {
+		var in In
+		if err := json.Unmarshal(raw, &in); err != nil {
+			return nil, &InputError{Err: err}
+		}
+		if v, ok := any(&in).(Validator); ok {
+			if err := v.Validate(); err != nil {
+				return nil, &InputError{Err: err}
+			}
+		}
+		return fn(ctx, in)
+	}
+	t.resolve()
+	return t
+}
+
+// WithSchema returns a copy of t whose input schema was adjusted by edit,
+// for constraints a Go type cannot express (a minimum length, an enum).
+func (t Tool) WithSchema(edit func(s *jsonschema.Schema)) Tool {
+	t.schema = t.schema.CloneSchemas()
+	edit(t.schema)
+	t.resolve()
+	return t
+}
+
+// WithTitle returns a copy of t with a display title.
+func (t Tool) WithTitle(title string) Tool {
+	t.Title = title
+	return t
+}
+
+func (t *Tool) resolve() {
+	r, err := t.schema.Resolve(nil)
+	if err != nil {
+		panic(fmt.Sprintf("chat: tool %s: resolve input schema: %v", t.Name, err))
+	}
+	t.resolved = r
+}
+
+// Schema returns the tool's input JSON Schema.
+func (t Tool) Schema() *jsonschema.Schema { return t.schema }
+
+// Spec returns the tool as offered to a model.
+func (t Tool) Spec() model.ToolSpec {
+	data, _ := json.Marshal(t.schema)
+	return model.ToolSpec{Name: t.Name, Description: t.Description, InputSchema: data}
+}
+
+// InputError reports tool input that failed validation.
+type InputError struct{ Err error }
+
+func (e *InputError) Error() string { return "invalid tool input: " + e.Err.Error() }
+
+func (e *InputError) Unwrap() error { return e.Err }
+
+// Validate checks input against the tool's schema.
+func (t Tool) Validate(input json.RawMessage) error {
+	var v any
+	if err := json.Unmarshal(input, &v); err != nil {
+		return &InputError{Err: fmt.Errorf("not JSON: %w", err)}
+	}
+	if err := t.resolved.Validate(v); err != nil {
+		return &InputError{Err: err}
+	}
+	return nil
+}
+
+// Execute validates input and runs the tool. A panic is returned as an
+// error.
+func (t Tool) Execute(ctx context.Context, input json.RawMessage) (out any, err error) {
+	if t.exec == nil {
+		return nil, errors.New("chat: tool " + t.Name + " has no function")
+	}
+	if err := t.Validate(input); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("tool %s panicked: %v", t.Name, p)
+		}
+	}()
+	return t.exec(ctx, input)
+}
+
+// ToolCall identifies the tool call being executed.
+type ToolCall struct {
+	ID    string
+	Name  string
+	Input json.RawMessage
+}
+
+type toolCallKey struct{}
+
+// ToolCallFromContext returns the tool call a tool function is executing
+// for; ok is false outside a tool call.
+func ToolCallFromContext(ctx context.Context) (ToolCall, bool) {
+	tc, ok := ctx.Value(toolCallKey{}).(ToolCall)
+	return tc, ok
+}
+
+// WithToolCall returns a context carrying tc.
+func WithToolCall(ctx context.Context, tc ToolCall) context.Context {
+	return context.WithValue(ctx, toolCallKey{}, tc)
+}

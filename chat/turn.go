@@ -1,0 +1,469 @@
+package chat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/store"
+)
+
+// turn is one queued or running turn and its live stream.
+type turn struct {
+	c          *core
+	row        streamRow
+	origin     *agent.Conn
+	recovering bool
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+
+	// Guarded by c.mu: the stream as clients see it.
+	started   bool
+	chunks    []storedChunk // every chunk of the stream so far, for replay
+	unflushed []storedChunk
+	nextSeq   int
+	flushT    clockwork.Timer
+
+	flushMu sync.Mutex // serializes flushes
+
+	// Owned by the turn's goroutine.
+	builder  *message.Builder
+	finished bool // a finish chunk was written
+	errText  string
+}
+
+func (c *core) newTurn(row streamRow, origin *agent.Conn) *turn {
+	ctx, cancel := context.WithCancelCause(c.rt.Context())
+	return &turn{c: c, row: row, origin: origin, ctx: ctx, cancel: cancel, nextSeq: row.NextSeq}
+}
+
+// cancel aborts a running or queued turn.
+func (c *core) cancel(id string, cause error) bool {
+	c.mu.Lock()
+	if c.active != nil && c.active.row.ID == id {
+		t := c.active
+		c.mu.Unlock()
+		t.cancel(cause)
+		return true
+	}
+	for i, t := range c.queue {
+		if t.row.ID == id {
+			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
+			c.mu.Unlock()
+			t.cancel(cause)
+			c.rt.Go(func(ctx context.Context) {
+				res := c.finishTurn(ctx, t, OutcomeAborted, "")
+				c.mu.Lock()
+				waiters := c.waiters[id]
+				delete(c.waiters, id)
+				c.mu.Unlock()
+				for _, w := range waiters {
+					w <- res
+				}
+			})
+			return true
+		}
+	}
+	c.mu.Unlock()
+	return false
+}
+
+// Turn is a running turn as a Handler sees it.
+type Turn struct {
+	t *turn
+	// ID is the turn's request (stream) id.
+	ID string
+	// MessageID is the id of the assistant message the turn writes.
+	MessageID string
+	// Messages is the transcript the turn answers, ending with the new user
+	// messages.
+	Messages []message.Message
+	// Body holds the extra fields of the client's request body.
+	Body json.RawMessage
+	// Recovering is true when the turn is run again after a restart.
+	Recovering bool
+	// Continuation is true when the turn continues the last assistant
+	// message (after a client tool result).
+	Continuation bool
+}
+
+// Write streams one chunk of the assistant message. The framework sends
+// start and finish itself; an "error" chunk fails the turn.
+func (tt *Turn) Write(ch message.Chunk) error { return tt.t.write(ch) }
+
+// WriteText streams s as one text part.
+func (tt *Turn) WriteText(s string) error {
+	id := newID()
+	for _, ch := range []message.Chunk{message.TextStart(id), message.TextDelta(id, s), message.TextEnd(id)} {
+		if err := tt.t.write(ch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Message returns the assistant message written so far.
+func (tt *Turn) Message() message.Message { return tt.t.builder.Message() }
+
+var errTurnError = errors.New("turn failed")
+
+// write applies a chunk to the message and sends it to the clients.
+func (t *turn) write(ch message.Chunk) error {
+	if err := t.ctx.Err(); err != nil {
+		return context.Cause(t.ctx)
+	}
+	switch ch.Type {
+	case message.ChunkStart:
+		return nil // the framework sent it
+	case message.ChunkError:
+		t.errText = ch.ErrorText
+		return fmt.Errorf("%w: %s", errTurnError, ch.ErrorText)
+	case message.ChunkFinish:
+		t.finished = true
+	}
+	if err := t.builder.Apply(ch); err != nil {
+		return fmt.Errorf("chat: invalid chunk stream: %w", err)
+	}
+	t.send(ch)
+	return nil
+}
+
+// send numbers a chunk, broadcasts it to the connections that are not
+// waiting for a resume, and queues it for persistence.
+func (t *turn) send(ch message.Chunk) {
+	c := t.c
+	body, err := json.Marshal(ch)
+	if err != nil {
+		c.log.Error("chat: encode chunk", "err", err)
+		return
+	}
+	c.mu.Lock()
+	seq := t.nextSeq
+	t.nextSeq++
+	sc := storedChunk{Seq: seq, Body: string(body)}
+	t.chunks = append(t.chunks, sc)
+	t.unflushed = append(t.unflushed, sc)
+	frame := encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
+	for _, conn := range c.b.Connections() {
+		if _, waiting := c.pending[conn]; !waiting {
+			conn.SendRaw(frame)
+		}
+	}
+	if !t.started {
+		t.started = true
+		// Clients that probed while the turn was queued get their offer now.
+		offer := encode(probeFrame{Type: frameResuming, ID: t.row.ID})
+		for conn := range c.awaiting {
+			c.pending[conn] = t.row.ID
+			conn.SendRaw(offer)
+		}
+		clear(c.awaiting)
+	}
+	full := len(t.unflushed) >= c.cfg.FlushChunks
+	if !full && t.flushT == nil {
+		t.flushT = c.rt.Clock().AfterFunc(c.cfg.FlushInterval, func() { t.flush(c.rt.Context()) })
+	}
+	c.mu.Unlock()
+	if full {
+		t.flush(c.rt.Context())
+	}
+}
+
+// flush persists the chunks that wait, in one transaction.
+func (t *turn) flush(ctx context.Context) {
+	t.flushMu.Lock()
+	defer t.flushMu.Unlock()
+	c := t.c
+	c.mu.Lock()
+	batch := t.unflushed
+	t.unflushed = nil
+	if t.flushT != nil {
+		t.flushT.Stop()
+		t.flushT = nil
+	}
+	c.mu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return insertChunks(ctx, tx, c.iid, t.row.ID, batch) })
+	if err != nil && ctx.Err() == nil {
+		c.log.Error("chat: persist chunks", "stream", t.row.ID, "err", err)
+	}
+}
+
+// run executes one turn to its end and returns its result.
+func (c *core) run(ctx context.Context, t *turn) TurnResult {
+	defer t.cancel(nil)
+	if t.ctx.Err() != nil {
+		return c.finishTurn(ctx, t, OutcomeAborted, "")
+	}
+	c.mu.Lock()
+	transcript := make([]message.Message, len(c.msgs))
+	copy(transcript, c.msgs)
+	c.mu.Unlock()
+
+	policy := RecoverContinue
+	if t.recovering {
+		var err error
+		policy, err = c.prepareRecovery(ctx, t, transcript)
+		if err != nil {
+			c.log.Error("chat: prepare recovery", "stream", t.row.ID, "err", err)
+			return c.finishTurn(ctx, t, OutcomeError, "recovery failed: "+err.Error())
+		}
+		c.rt.Diag().Publish(diag.ChannelChat, "recover-turn", c.b.Path().String(),
+			map[string]any{"stream": t.row.ID, "policy": policy, "keptChunks": len(t.chunks)})
+		if policy == RecoverAbandon {
+			return c.finishTurn(ctx, t, OutcomeError, "the turn was interrupted by a restart")
+		}
+	}
+	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, attempts = attempts + 1 WHERE instance_id = ? AND id = ?`,
+			statusStreaming, c.iid, t.row.ID)
+		return err
+	})
+	if err != nil {
+		return c.finishTurn(ctx, t, OutcomeError, "persist turn: "+err.Error())
+	}
+
+	if t.builder == nil {
+		t.builder = message.NewBuilder(t.row.MessageID)
+		if t.row.Continuation {
+			if last := lastAssistant(transcript); last != nil {
+				if err := t.builder.Continue(*last); err != nil {
+					return c.finishTurn(ctx, t, OutcomeError, err.Error())
+				}
+				transcript = transcript[:len(transcript)-1]
+			}
+			t.send(message.Start(""))
+		} else {
+			start := message.Start(t.row.MessageID)
+			_ = t.builder.Apply(start)
+			t.send(start)
+		}
+	}
+	tt := &Turn{t: t, ID: t.row.ID, MessageID: t.row.MessageID, Messages: transcript, Body: t.row.Body,
+		Recovering: t.recovering, Continuation: t.row.Continuation}
+	var herr error
+	if h, ok := c.self.(Handler); ok {
+		herr = safeCall(func() error { return h.OnChatMessage(t.ctx, tt) })
+	} else {
+		herr = tt.RunLoop(t.ctx, c.loopOptions())
+	}
+	switch {
+	case t.ctx.Err() != nil:
+		return c.finishTurn(ctx, t, OutcomeAborted, "")
+	case herr != nil:
+		msg := t.errText
+		if msg == "" {
+			msg = herr.Error()
+		}
+		return c.finishTurn(ctx, t, OutcomeError, msg)
+	}
+	if !t.finished {
+		_ = t.write(message.Finish("stop"))
+	}
+	return c.finishTurn(ctx, t, OutcomeCompleted, "")
+}
+
+func safeCall(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("chat handler panicked: %v", p)
+		}
+	}()
+	return fn()
+}
+
+// prepareRecovery decides how an interrupted turn resumes and rebuilds its
+// stream: the chunks up to the last completed step are kept (and replayed
+// into the builder), later ones are deleted; sequence numbers are never
+// reused.
+func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []message.Message) (Recovery, error) {
+	var chunks []storedChunk
+	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		chunks, err = loadChunks(ctx, tx, c.iid, t.row.ID)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, ch := range chunks {
+		t.nextSeq = max(t.nextSeq, ch.Seq+1)
+	}
+	// Rebuild the partial message and find the last step boundary.
+	b := message.NewBuilder(t.row.MessageID)
+	if t.row.Continuation {
+		if last := lastAssistant(transcript); last != nil {
+			_ = b.Continue(*last)
+		}
+	}
+	cut := -1 // index of the last finish-step chunk
+	for i, sc := range chunks {
+		var ch message.Chunk
+		if err := json.Unmarshal([]byte(sc.Body), &ch); err != nil {
+			break
+		}
+		if b.Apply(ch) != nil {
+			break
+		}
+		if ch.Type == message.ChunkFinishStep {
+			cut = i
+		}
+	}
+	policy := RecoverContinue
+	if _, custom := c.self.(Handler); custom {
+		policy = RecoverRetry
+	}
+	if p, ok := c.self.(RecoveryPolicy); ok {
+		policy = p.RecoverTurn(ctx, b.Message())
+	}
+	if policy == RecoverAbandon {
+		return policy, nil
+	}
+	if policy == RecoverRetry {
+		cut = -1
+	}
+	keep := chunks[:cut+1]
+	if err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		keepSeq := -1
+		if len(keep) > 0 {
+			keepSeq = keep[len(keep)-1].Seq
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM chat_chunks WHERE instance_id = ? AND stream_id = ? AND seq > ?`, c.iid, t.row.ID, keepSeq)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE chat_streams SET next_seq = ? WHERE instance_id = ? AND id = ?`, t.nextSeq, c.iid, t.row.ID)
+		return err
+	}); err != nil {
+		return 0, err
+	}
+	if len(keep) == 0 {
+		return RecoverRetry, nil
+	}
+	// Continue from the boundary: replay the kept chunks into the builder.
+	t.builder = message.NewBuilder(t.row.MessageID)
+	if t.row.Continuation {
+		if last := lastAssistant(transcript); last != nil {
+			_ = t.builder.Continue(*last)
+		}
+	}
+	for _, sc := range keep {
+		var ch message.Chunk
+		_ = json.Unmarshal([]byte(sc.Body), &ch)
+		_ = t.builder.Apply(ch)
+	}
+	c.mu.Lock()
+	t.chunks = append([]storedChunk(nil), keep...)
+	t.started = true
+	c.mu.Unlock()
+	return RecoverContinue, nil
+}
+
+// finishTurn persists the turn's end and tells the clients, in the order
+// the clients rely on: last chunk, persisted message, transcript to the
+// other connections, then the terminal frame.
+func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string) TurnResult {
+	res := TurnResult{ID: t.row.ID, Outcome: outcome, Error: errText}
+	var msg message.Message
+	hasMsg := false
+	if t.builder != nil {
+		t.builder.Finalize()
+		msg = t.builder.Message()
+		hasMsg = len(msg.Parts) > 0
+		res.Message = msg
+	}
+	t.flush(ctx)
+
+	c.mu.Lock()
+	gen := c.gen
+	msgs := append([]message.Message(nil), c.msgs...)
+	c.mu.Unlock()
+	if hasMsg {
+		if t.row.Continuation && len(msgs) > 0 && msgs[len(msgs)-1].ID == msg.ID {
+			msgs[len(msgs)-1] = msg
+		} else {
+			msgs = append(msgs, msg)
+		}
+	}
+	now := c.rt.Clock().Now()
+	cutoff := now.Add(-c.cfg.Retention).UnixMilli()
+	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		if hasMsg {
+			if err := putMessage(ctx, tx, c.iid, len(msgs)-1, msg); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, outcome = ?, error = ?, finished_at = ? WHERE instance_id = ? AND id = ?`,
+			statusDone, outcome, errText, now.UnixMilli(), c.iid, t.row.ID); err != nil {
+			return err
+		}
+		// Retention: forget the chunks of streams that ended long ago.
+		if _, err := tx.Exec(ctx, `DELETE FROM chat_chunks WHERE instance_id = ? AND stream_id IN (
+			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND finished_at < ?`, c.iid, statusDone, cutoff)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			// Shutting down: the turn stays unfinished and recovers on start.
+			return res
+		}
+		c.log.Error("chat: persist turn end", "stream", t.row.ID, "err", err)
+	}
+	c.mu.Lock()
+	stale := c.gen != gen
+	if !stale {
+		c.msgs = msgs
+	}
+	for conn, id := range c.pending {
+		if id == t.row.ID {
+			delete(c.pending, conn)
+		}
+	}
+	c.mu.Unlock()
+	if stale {
+		return res
+	}
+	exclude := t.origin
+	if t.row.Continuation {
+		exclude = nil
+	}
+	c.broadcastTranscript(exclude)
+	if outcome == OutcomeError {
+		c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: errText, Error: true, Continuation: t.row.Continuation}))
+	}
+	c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Done: true, Outcome: outcome,
+		MessageIDs: t.row.MessageIDs, Continuation: t.row.Continuation}))
+	c.rt.Diag().Publish(diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
+	return res
+}
+
+// broadcastTranscript sends the transcript to every connection but exclude.
+func (c *core) broadcastTranscript(exclude *agent.Conn) {
+	c.mu.Lock()
+	frame := encode(messagesFrame{Type: frameMessages, Messages: nonNil(c.msgs)})
+	c.mu.Unlock()
+	if exclude != nil {
+		c.b.BroadcastRaw(frame, exclude)
+	} else {
+		c.b.BroadcastRaw(frame)
+	}
+}
+
+func nonNil(m []message.Message) []message.Message {
+	if m == nil {
+		return []message.Message{}
+	}
+	return m
+}
