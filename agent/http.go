@@ -42,8 +42,16 @@ func (rt *Runtime) CheckSubAgent(ctx context.Context, r *http.Request, path Path
 		return err
 	}
 	defer in.release()
+	leaf := path.Leaf()
+	ctx = WithAgent(ctx, in.agent)
+	for _, l := range in.layers {
+		if g, ok := l.(LayerGate); ok {
+			if err := g.LayerGate(ctx, r, leaf.Class, leaf.Name); err != nil {
+				return err
+			}
+		}
+	}
 	if g, ok := in.agent.(SubAgentGate); ok {
-		leaf := path.Leaf()
 		return g.OnBeforeSubAgent(ctx, r, leaf.Class, leaf.Name)
 	}
 	return nil

@@ -101,6 +101,10 @@ func (in *instance) hydrate() {
 	a.base().bind(in)
 	in.agent = a
 	in.layers = in.class.layersOf(a)
+	for _, ext := range rt.extensions {
+		in.layers = append(in.layers, ext(a))
+	}
+	ctx = WithAgent(ctx, a)
 	for _, l := range in.layers {
 		if err := l.StartLayer(ctx, a); err != nil {
 			in.fail(fmt.Errorf("agent: %s start %T: %w", in.key, l, err))
@@ -111,6 +115,11 @@ func (in *instance) hydrate() {
 		if err := s.OnStart(ctx); err != nil {
 			in.fail(fmt.Errorf("agent: %s OnStart: %w", in.key, err))
 			return
+		}
+	}
+	for _, l := range in.layers {
+		if ls, ok := l.(LayerStarted); ok {
+			ls.LayerStarted(ctx)
 		}
 	}
 	rt.diag.Publish(diag.ChannelAgent, "start", in.key, map[string]any{"class": in.class.Name})

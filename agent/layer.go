@@ -41,3 +41,51 @@ type LayerHTTPHandler interface {
 type LayerCloser interface {
 	LayerClose(ctx context.Context, conn *Conn)
 }
+
+// LayerStarted is a Layer told after the agent's OnStart returned, for work
+// that must wait for the agent's own start-up (agent-tool recovery).
+type LayerStarted interface {
+	LayerStarted(ctx context.Context)
+}
+
+// LayerGate is a Layer that takes part in deciding whether a client may
+// reach a sub-agent through this instance's route. It runs before the
+// agent's OnBeforeSubAgent; a non-nil error refuses the request as
+// SubAgentGate describes.
+type LayerGate interface {
+	LayerGate(ctx context.Context, r *http.Request, class, name string) error
+}
+
+// Extension adds a layer to every instance of a runtime, whatever its
+// class: Use registers a function that builds the layer for each hydrated
+// instance. Agent tools use it, since every agent can run them.
+type Extension func(a Agent) Layer
+
+// Use registers an extension. Call it before Start.
+func (rt *Runtime) Use(ext Extension) { rt.extensions = append(rt.extensions, ext) }
+
+// LayerOf returns the layer of type T of agent a (embedded or added by an
+// extension), if it has one.
+func LayerOf[T Layer](a Agent) (T, bool) {
+	for _, l := range a.base().in.layers {
+		if t, ok := l.(T); ok {
+			return t, true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
+type agentKey struct{}
+
+// WithAgent returns a context that carries the agent whose code runs in it.
+func WithAgent(ctx context.Context, a Agent) context.Context {
+	return context.WithValue(ctx, agentKey{}, a)
+}
+
+// FromContext returns the agent whose code runs in ctx (inside RPC methods,
+// schedule callbacks, hooks and chat turns), if any.
+func FromContext(ctx context.Context) (Agent, bool) {
+	a, ok := ctx.Value(agentKey{}).(Agent)
+	return a, ok
+}

@@ -68,15 +68,19 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 		return nil, ErrDestroyed
 	}
 	in.conns[c] = struct{}{}
+	// Queue the connect frames before releasing in.mu: a broadcast snapshots
+	// in.conns under in.mu, so none can reach this connection ahead of its
+	// identity frame, and a state set concurrently is either the one sent
+	// here or broadcast after it (never an older state after a newer one).
+	// Transport.Send does not block.
 	state := in.state
-	in.mu.Unlock()
-
 	leaf := path.Leaf()
 	c.Send(identityFrame{Type: FrameIdentity, Name: leaf.Name, Agent: in.class.route, StateFollows: state != nil})
 	if state != nil {
 		c.Send(stateFrame{Type: FrameState, State: state})
 	}
 	c.SendRaw(emptyMCP)
+	in.mu.Unlock()
 	cctx := WithConn(ctx, c)
 	for _, l := range in.layers {
 		if lc, ok := l.(LayerConnector); ok {
@@ -268,7 +272,7 @@ func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 		ctx, tcancel = context.WithTimeout(ctx, rt.rpcTTL)
 		defer tcancel()
 	}
-	result, err := m.invoke(ctx, reflectValue(in.agent), stream, req.Args)
+	result, err := m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), stream, req.Args)
 	attrs := map[string]any{"method": req.Method, "streaming": m.streaming, "duration": rt.clock.Since(start)}
 	if err != nil {
 		attrs["error"] = err.Error()
@@ -346,7 +350,7 @@ func (rt *Runtime) Call(ctx context.Context, path Path, methodName string, args 
 		ctx, cancel = context.WithTimeout(ctx, rt.rpcTTL)
 		defer cancel()
 	}
-	res, err := m.invoke(ctx, reflectValue(in.agent), nil, raw)
+	res, err := m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), nil, raw)
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,8 @@ type Runtime struct {
 	instances map[string]*instance // by Path.String()
 	closed    bool
 
-	values sync.Map // layer configuration, see SetValue
+	values     sync.Map // layer configuration, see SetValue
+	extensions []Extension
 
 	ctx    context.Context // canceled by Close
 	cancel context.CancelFunc

@@ -56,6 +56,7 @@ type core struct {
 	pending  map[*agent.Conn]string // offered a stream, not yet acknowledged
 	awaiting map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
 	waiters  map[string][]chan TurnResult
+	follow   map[string]map[*follower]struct{} // stream id → live followers
 	release  func() // KeepAlive of the worker
 }
 
@@ -70,6 +71,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		b: b, self: self, rt: rt, iid: b.InstanceID(), cfg: configOf(rt), log: b.Logger(),
 		pending: map[*agent.Conn]string{}, awaiting: map[*agent.Conn]bool{},
 		waiters: map[string][]chan TurnResult{},
+		follow:  map[string]map[*follower]struct{}{},
 	}
 	b.c = c
 	var unfinished []streamRow
@@ -391,4 +393,75 @@ func (c *core) clearWakeIfIdle(ctx context.Context) {
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("chat: clear wake flag", "err", err)
 	}
+}
+
+type follower struct{ fn func(seq int, body string) }
+
+// FollowStream calls fn with every chunk of the stream id whose sequence is
+// greater than afterSeq: first the chunks stored so far, then each new one as
+// it is written, in order and each once, until stop is called. fn runs while
+// the chat holds its lock: it must not block or call back into the chat.
+// Agent tools use it to forward a child's stream to the parent's clients.
+func (b *Base) FollowStream(ctx context.Context, id string, afterSeq int, fn func(seq int, body string)) (stop func(), err error) {
+	c := b.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	high := afterSeq
+	deliver := func(seq int, body string) {
+		if seq > high {
+			high = seq
+			fn(seq, body)
+		}
+	}
+	if t := c.active; t != nil && t.row.ID == id {
+		for _, sc := range t.chunks {
+			deliver(sc.Seq, sc.Body)
+		}
+	} else {
+		var chunks []storedChunk
+		err := c.rt.DB().View(ctx, func(tx store.Tx) error {
+			var err error
+			chunks, err = loadChunks(ctx, tx, c.iid, id)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("chat: follow %s: %w", id, err)
+		}
+		for _, sc := range chunks {
+			deliver(sc.Seq, sc.Body)
+		}
+	}
+	f := &follower{fn: deliver}
+	if c.follow[id] == nil {
+		c.follow[id] = map[*follower]struct{}{}
+	}
+	c.follow[id][f] = struct{}{}
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.follow[id], f)
+		if len(c.follow[id]) == 0 {
+			delete(c.follow, id)
+		}
+	}, nil
+}
+
+// StreamChunks returns the stored chunks of stream id with a sequence
+// greater than afterSeq (the live chunks of a running turn included).
+func (b *Base) StreamChunks(ctx context.Context, id string, afterSeq int) ([]StreamChunk, error) {
+	var out []StreamChunk
+	stop, err := b.FollowStream(ctx, id, afterSeq, func(seq int, body string) {
+		out = append(out, StreamChunk{Seq: seq, Body: body})
+	})
+	if err != nil {
+		return nil, err
+	}
+	stop()
+	return out, nil
+}
+
+// StreamChunk is one chunk of a turn's stream.
+type StreamChunk struct {
+	Seq  int
+	Body string
 }

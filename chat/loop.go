@@ -56,17 +56,16 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 	if o.MaxSteps <= 0 {
 		o.MaxSteps = 10
 	}
-	t := tt.t
 	tools := make(map[string]Tool, len(o.Tools))
 	specs := make([]model.ToolSpec, 0, len(o.Tools))
 	for _, tl := range o.Tools {
 		tools[tl.Name] = tl
 		specs = append(specs, tl.Spec())
 	}
-	done := countSteps(t.builder.Message())
+	done := countSteps(tt.Message())
 	finish := model.FinishStop
 	for step := done; step < o.MaxSteps; step++ {
-		sys, conv := message.ToModel(append(append([]message.Message(nil), tt.Messages...), t.builder.Message()))
+		sys, conv := message.ToModel(append(append([]message.Message(nil), tt.Messages...), tt.Message()))
 		if o.System != "" {
 			if sys != "" {
 				sys = o.System + "\n\n" + sys
@@ -244,7 +243,7 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 // executeCalls runs the valid calls in parallel and writes each result as it
 // arrives.
 func (tt *Turn) executeCalls(ctx context.Context, calls []pendingCall, tools map[string]Tool) error {
-	var mu sync.Mutex // serializes writes from the tool goroutines
+	var mu sync.Mutex // guards firstErr
 	var wg sync.WaitGroup
 	var firstErr error
 	for _, pc := range calls {
@@ -264,10 +263,12 @@ func (tt *Turn) executeCalls(ctx context.Context, calls []pendingCall, tools map
 			} else {
 				ch = message.ToolOutputAvailable(pc.id, raw)
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if werr := tt.Write(ch); werr != nil && firstErr == nil {
-				firstErr = werr
+			if werr := tt.Write(ch); werr != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = werr
+				}
+				mu.Unlock()
 			}
 		}()
 	}

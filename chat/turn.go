@@ -32,6 +32,7 @@ type turn struct {
 	flushT    clockwork.Timer
 
 	flushMu sync.Mutex // serializes flushes
+	writeMu sync.Mutex // serializes writes (tools run in parallel)
 
 	// Owned by the turn's goroutine.
 	builder  *message.Builder
@@ -40,8 +41,32 @@ type turn struct {
 }
 
 func (c *core) newTurn(row streamRow, origin *agent.Conn) *turn {
-	ctx, cancel := context.WithCancelCause(c.rt.Context())
-	return &turn{c: c, row: row, origin: origin, ctx: ctx, cancel: cancel, nextSeq: row.NextSeq}
+	ctx, cancel := context.WithCancelCause(agent.WithAgent(c.rt.Context(), c.self))
+	t := &turn{c: c, row: row, origin: origin, cancel: cancel, nextSeq: row.NextSeq}
+	t.ctx = context.WithValue(ctx, turnKey{}, t)
+	return t
+}
+
+type turnKey struct{}
+
+// CurrentTurn returns the id of the chat turn whose code (a tool, a
+// handler) runs in ctx, and the agent it belongs to.
+func CurrentTurn(ctx context.Context) (id string, a agent.Agent, ok bool) {
+	t, ok := ctx.Value(turnKey{}).(*turn)
+	if !ok {
+		return "", nil, false
+	}
+	return t.row.ID, t.c.self, true
+}
+
+// WriteChunk writes a chunk into the chat turn whose code runs in ctx (for
+// example a data part from inside a tool). It is safe for concurrent use.
+func WriteChunk(ctx context.Context, ch message.Chunk) error {
+	t, ok := ctx.Value(turnKey{}).(*turn)
+	if !ok {
+		return errors.New("chat: no turn in context")
+	}
+	return t.write(ch)
 }
 
 // cancel aborts a running or queued turn.
@@ -110,12 +135,18 @@ func (tt *Turn) WriteText(s string) error {
 }
 
 // Message returns the assistant message written so far.
-func (tt *Turn) Message() message.Message { return tt.t.builder.Message() }
+func (tt *Turn) Message() message.Message {
+	tt.t.writeMu.Lock()
+	defer tt.t.writeMu.Unlock()
+	return tt.t.builder.Message()
+}
 
 var errTurnError = errors.New("turn failed")
 
 // write applies a chunk to the message and sends it to the clients.
 func (t *turn) write(ch message.Chunk) error {
+	t.writeMu.Lock()
+	defer t.writeMu.Unlock()
 	if err := t.ctx.Err(); err != nil {
 		return context.Cause(t.ctx)
 	}
@@ -155,6 +186,9 @@ func (t *turn) send(ch message.Chunk) {
 		if _, waiting := c.pending[conn]; !waiting {
 			conn.SendRaw(frame)
 		}
+	}
+	for f := range c.follow[t.row.ID] {
+		f.fn(seq, sc.Body)
 	}
 	if !t.started {
 		t.started = true
