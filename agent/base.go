@@ -27,6 +27,10 @@ func (b *Base) bind(in *instance) { b.in = in }
 
 func reflectValue(a Agent) reflect.Value { return reflect.ValueOf(a) }
 
+// BaseOf returns the Base embedded in a, for framework layers that work on
+// any agent.
+func BaseOf(a Agent) *Base { return a.base() }
+
 // Self returns the agent value that embeds this Base.
 func (b *Base) Self() Agent { return b.in.agent }
 

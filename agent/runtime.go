@@ -142,6 +142,12 @@ func (rt *Runtime) ClassByRoute(route string) (string, bool) {
 	return ci.Name, true
 }
 
+// HasClass reports whether a class of that name is registered.
+func (rt *Runtime) HasClass(name string) bool {
+	_, ok := rt.classes[name]
+	return ok
+}
+
 // ClassOf returns the registered class name of an agent value's type.
 func (rt *Runtime) ClassOf(a Agent) (string, bool) {
 	ci, ok := rt.classByType[reflect.TypeOf(a)]

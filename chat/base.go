@@ -57,7 +57,7 @@ type core struct {
 	awaiting map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
 	waiters  map[string][]chan TurnResult
 	follow   map[string]map[*follower]struct{} // stream id → live followers
-	release  func() // KeepAlive of the worker
+	release  func()                            // KeepAlive of the worker
 }
 
 // StartLayer loads the transcript and resumes unfinished turns. The runtime
@@ -121,12 +121,16 @@ type SubmitOptions struct {
 	IdempotencyKey string
 	// Body is passed to the turn as extra request fields.
 	Body json.RawMessage
+	// Retain keeps the turn's stream chunks for as long as the instance
+	// lives instead of the retention window (agent-tool runs use it, since
+	// their parent replays them).
+	Retain bool
 }
 
 // SubmitMessages appends msgs to the transcript and queues a turn without
 // waiting for it; it returns the turn id. Use WaitTurn to wait.
 func (b *Base) SubmitMessages(ctx context.Context, msgs []message.Message, opts SubmitOptions) (string, error) {
-	t, err := b.c.accept(ctx, acceptRequest{append: msgs, key: opts.IdempotencyKey, body: opts.Body})
+	t, err := b.c.accept(ctx, acceptRequest{append: msgs, key: opts.IdempotencyKey, body: opts.Body, retain: opts.Retain})
 	if err != nil {
 		return "", err
 	}
@@ -229,6 +233,7 @@ type acceptRequest struct {
 	key          string
 	body         json.RawMessage
 	continuation bool
+	retain       bool
 }
 
 // accept persists the new transcript and a queued turn in one transaction,
@@ -252,8 +257,14 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 			msgs[i].ID = newID()
 		}
 	}
+	userIDs := trailingUserIDs(msgs)
+	if req.replace == nil && len(req.append) > 0 {
+		// Only the appended messages are this turn's: earlier user messages
+		// may belong to turns still queued.
+		userIDs = trailingUserIDs(msgs[len(msgs)-len(req.append):])
+	}
 	row := streamRow{ID: req.id, MessageID: newID(), Status: statusQueued, Continuation: req.continuation,
-		Body: req.body, MessageIDs: trailingUserIDs(msgs)}
+		Body: req.body, MessageIDs: userIDs, Retain: req.retain}
 	if req.continuation {
 		if last := lastAssistant(msgs); last != nil {
 			row.MessageID = last.ID
@@ -322,6 +333,23 @@ func trailingUserIDs(msgs []message.Message) []string {
 		}
 	}
 	return ids
+}
+
+// anchorIndex returns the index of a turn's last user message in msgs, or
+// -1 if it has none there. The turn answers the transcript up to it, and its
+// answer goes right after it: messages submitted while the turn was queued
+// belong to later turns.
+func anchorIndex(msgs []message.Message, row streamRow) int {
+	if len(row.MessageIDs) == 0 {
+		return -1
+	}
+	last := row.MessageIDs[len(row.MessageIDs)-1]
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].ID == last {
+			return i
+		}
+	}
+	return -1
 }
 
 func lastAssistant(msgs []message.Message) *message.Message {

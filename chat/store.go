@@ -53,6 +53,11 @@ var migrations = []store.Migration{{
 			created_at BIGINT NOT NULL,
 			PRIMARY KEY (instance_id, key))`,
 	},
+}, {
+	Version: 2,
+	Statements: []string{
+		`ALTER TABLE chat_streams ADD COLUMN retain INTEGER NOT NULL DEFAULT 0`,
+	},
 }}
 
 // Stream statuses in chat_streams.
@@ -82,6 +87,7 @@ type streamRow struct {
 	Body         json.RawMessage
 	Attempts     int
 	NextSeq      int
+	Retain       bool
 }
 
 func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Message, error) {
@@ -135,8 +141,8 @@ func insertStream(ctx context.Context, tx store.Tx, iid int64, s streamRow, now 
 	if s.Continuation {
 		cont = 1
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now)
+	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at, retain)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now, boolInt(s.Retain))
 	return err
 }
 
@@ -229,4 +235,11 @@ func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, 
 		return err
 	}
 	return nil
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/jonboulle/clockwork"
@@ -242,6 +243,9 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 	transcript := make([]message.Message, len(c.msgs))
 	copy(transcript, c.msgs)
 	c.mu.Unlock()
+	if i := anchorIndex(transcript, t.row); i >= 0 {
+		transcript = transcript[:i+1] // later messages belong to queued turns
+	}
 
 	policy := RecoverContinue
 	if t.recovering {
@@ -421,18 +425,32 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	gen := c.gen
 	msgs := append([]message.Message(nil), c.msgs...)
 	c.mu.Unlock()
+	pos, reorder := -1, false
 	if hasMsg {
-		if t.row.Continuation && len(msgs) > 0 && msgs[len(msgs)-1].ID == msg.ID {
-			msgs[len(msgs)-1] = msg
-		} else {
-			msgs = append(msgs, msg)
+		for i := range msgs {
+			if msgs[i].ID == msg.ID { // a continuation's message
+				msgs[i], pos = msg, i
+			}
+		}
+		if pos < 0 {
+			pos = len(msgs)
+			if i := anchorIndex(msgs, t.row); i >= 0 && i < len(msgs)-1 {
+				// Later turns' questions were queued meanwhile: the answer
+				// goes right after its own question.
+				pos, reorder = i+1, true
+			}
+			msgs = slices.Insert(msgs, pos, msg)
 		}
 	}
 	now := c.rt.Clock().Now()
 	cutoff := now.Add(-c.cfg.Retention).UnixMilli()
 	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
-		if hasMsg {
-			if err := putMessage(ctx, tx, c.iid, len(msgs)-1, msg); err != nil {
+		if reorder {
+			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
+				return err
+			}
+		} else if hasMsg {
+			if err := putMessage(ctx, tx, c.iid, pos, msg); err != nil {
 				return err
 			}
 		}
@@ -442,10 +460,10 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		}
 		// Retention: forget the chunks of streams that ended long ago.
 		if _, err := tx.Exec(ctx, `DELETE FROM chat_chunks WHERE instance_id = ? AND stream_id IN (
-			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
+			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND finished_at < ?`, c.iid, statusDone, cutoff)
+		_, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff)
 		return err
 	})
 	if err != nil {

@@ -1,0 +1,322 @@
+package agenttool
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/store"
+)
+
+// Hooks of a child, all optional.
+
+// ChildRequest describes the run a child is asked to execute.
+type ChildRequest struct {
+	RunID      string
+	AgentType  string
+	ParentPath agent.Path
+}
+
+// InputFormatter turns a run's input into the user message the child's
+// turn answers (the seed's formatAgentToolInput). The default is a user
+// message whose text is the input string, or the input as indented JSON.
+type InputFormatter interface {
+	FormatAgentToolInput(input json.RawMessage, req ChildRequest) message.Message
+}
+
+// OutputProvider gives a run's structured output (the seed's
+// getAgentToolOutput). It is read as soon as the child's turn ends, so a
+// workflow child stores its result before the turn finishes.
+type OutputProvider interface {
+	AgentToolOutput(ctx context.Context, runID string) (any, error)
+}
+
+// SummaryProvider gives a run's display summary (the seed's
+// getAgentToolSummary). The default is the assistant text of the turn, else
+// the output as text.
+type SummaryProvider interface {
+	AgentToolSummary(ctx context.Context, runID string, output json.RawMessage) string
+}
+
+// Child statuses: a child never reports starting or interrupted.
+const (
+	childRunning = "running"
+)
+
+// Inspection is a child's view of a run.
+type Inspection struct {
+	RunID       string          `json:"runId"`
+	Status      Status          `json:"status"`
+	Summary     string          `json:"summary,omitempty"`
+	Output      json.RawMessage `json:"output,omitempty"`
+	Error       string          `json:"error,omitempty"`
+	RequestID   string          `json:"requestId,omitempty"`
+	StartedAt   time.Time       `json:"startedAt"`
+	CompletedAt *time.Time      `json:"completedAt,omitempty"`
+}
+
+// childRun is a run executing in this (child) instance.
+type childRun struct {
+	runID    string
+	streamID string
+	done     chan struct{}
+	reason   string // cancel reason, guarded by host.mu
+}
+
+func chatOf(a agent.Agent) (*chat.Base, bool) { return agent.LayerOf[*chat.Base](a) }
+
+// startChildRun starts the run in this child, idempotently: a run id that
+// already has a row is not started again.
+func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMessage, req ChildRequest) (*childRun, error) {
+	cb, ok := chatOf(h.a)
+	if !ok {
+		return nil, errNoChat
+	}
+	h.mu.Lock()
+	if cr, ok := h.child[runID]; ok {
+		h.mu.Unlock()
+		return cr, nil
+	}
+	h.mu.Unlock()
+	insp, err := h.inspectChild(ctx, runID)
+	if err != nil {
+		return nil, err
+	}
+	if insp != nil && insp.RequestID != "" {
+		return h.track(runID, insp.RequestID, insp.Status != childRunning), nil
+	}
+	now := h.rt.Clock().Now().UnixMilli()
+	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO agent_tool_child_runs (instance_id, run_id, status, input_json, started_at)
+			VALUES (?, ?, ?, ?, ?) ON CONFLICT (instance_id, run_id) DO NOTHING`, h.iid, runID, childRunning, nullStr(string(input)), now)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: record child run: %w", err)
+	}
+	msg := defaultInputMessage(input, runID)
+	if f, ok := h.a.(InputFormatter); ok {
+		msg = f.FormatAgentToolInput(input, req)
+	}
+	body, _ := json.Marshal(map[string]json.RawMessage{"agentToolInput": orNull(input)})
+	streamID, err := cb.SubmitMessages(ctx, []message.Message{msg}, chat.SubmitOptions{IdempotencyKey: "agent-tool:" + runID, Body: body, Retain: true})
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: start child turn: %w", err)
+	}
+	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET request_id = ? WHERE instance_id = ? AND run_id = ?`, streamID, h.iid, runID)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: record child turn: %w", err)
+	}
+	return h.track(runID, streamID, false), nil
+}
+
+func orNull(b json.RawMessage) json.RawMessage {
+	if len(b) == 0 {
+		return json.RawMessage("null")
+	}
+	return b
+}
+
+// defaultInputMessage is the user message of a run: the input string, or
+// the input as indented JSON.
+func defaultInputMessage(input json.RawMessage, runID string) message.Message {
+	var text string
+	if err := json.Unmarshal(input, &text); err != nil {
+		var v any
+		if json.Unmarshal(input, &v) == nil {
+			b, _ := json.MarshalIndent(v, "", "  ")
+			text = string(b)
+		} else {
+			text = string(input)
+		}
+	}
+	return message.Message{ID: "agent-tool-" + runID + "-input", Role: message.RoleUser,
+		Parts: []message.Part{{Type: message.PartText, Text: text}}}
+}
+
+// track registers a run and, unless it is already finished, a watcher that
+// finalizes it when its turn ends.
+func (h *host) track(runID, streamID string, finished bool) *childRun {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cr, ok := h.child[runID]; ok {
+		return cr
+	}
+	cr := &childRun{runID: runID, streamID: streamID, done: make(chan struct{})}
+	if finished {
+		close(cr.done)
+		return cr
+	}
+	h.child[runID] = cr
+	release := h.b.KeepAlive()
+	h.rt.Go(func(ctx context.Context) {
+		defer release()
+		h.watch(ctx, cr)
+	})
+	return cr
+}
+
+// watch waits for the run's turn and records its end.
+func (h *host) watch(ctx context.Context, cr *childRun) {
+	cb, _ := chatOf(h.a)
+	res, err := cb.WaitTurn(ctx, cr.streamID)
+	if ctx.Err() != nil {
+		return // shutting down: the run resumes with the process
+	}
+	status, errText := StatusCompleted, ""
+	switch {
+	case err != nil:
+		status, errText = StatusError, msgStaleChild
+	case res.Outcome == chat.OutcomeAborted:
+		status = StatusAborted
+		h.mu.Lock()
+		errText = cr.reason
+		h.mu.Unlock()
+		if errText == "" {
+			errText = msgCancelled
+		}
+	case res.Outcome == chat.OutcomeSkipped:
+		status, errText = StatusError, msgSkipped
+	case res.Outcome == chat.OutcomeError:
+		status, errText = StatusError, res.Error
+		if errText == "" {
+			errText = "Agent tool run failed during streaming."
+		}
+	}
+	var output json.RawMessage
+	summary := ""
+	if status == StatusCompleted {
+		if p, ok := h.a.(OutputProvider); ok {
+			out, oerr := p.AgentToolOutput(agent.WithAgent(ctx, h.a), cr.runID)
+			if oerr != nil {
+				status, errText = StatusError, "agent tool output: "+oerr.Error()
+			} else if out != nil {
+				output, _ = json.Marshal(out)
+			}
+		}
+		if p, ok := h.a.(SummaryProvider); ok {
+			summary = p.AgentToolSummary(agent.WithAgent(ctx, h.a), cr.runID, output)
+		} else {
+			summary = res.Text()
+			if summary == "" && output != nil {
+				var s string
+				if json.Unmarshal(output, &s) == nil {
+					summary = s
+				} else {
+					summary = string(output)
+				}
+			}
+		}
+	}
+	now := h.rt.Clock().Now().UnixMilli()
+	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, summary = ?, output_json = ?, error_message = ?, completed_at = ?
+			WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`,
+			status, nullStr(summary), nullStr(string(output)), nullStr(errText), now, h.iid, cr.runID)
+		return err
+	})
+	if err != nil && ctx.Err() == nil {
+		h.b.Logger().Error("agenttool: finalize child run", "run", cr.runID, "err", err)
+	}
+	h.mu.Lock()
+	delete(h.child, cr.runID)
+	h.mu.Unlock()
+	close(cr.done)
+}
+
+// inspectChild returns the child's record of a run, or nil when the child
+// has none (which means "not known yet", never failure).
+func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, error) {
+	var in Inspection
+	var req, summary, output, errMsg sql.NullString
+	var started int64
+	var completed sql.NullInt64
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT run_id, request_id, status, summary, output_json, error_message, started_at, completed_at
+			FROM agent_tool_child_runs WHERE instance_id = ? AND run_id = ?`, h.iid, runID).
+			Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: inspect child run: %w", err)
+	}
+	in.RequestID, in.Summary, in.Error = req.String, summary.String, errMsg.String
+	if output.Valid {
+		in.Output = json.RawMessage(output.String)
+	}
+	in.StartedAt = time.UnixMilli(started)
+	if completed.Valid {
+		t := time.UnixMilli(completed.Int64)
+		in.CompletedAt = &t
+	}
+	return &in, nil
+}
+
+// cancelChildRun aborts a run executing here; its watcher records aborted
+// with reason.
+func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
+	h.mu.Lock()
+	cr, ok := h.child[runID]
+	if ok {
+		cr.reason = reason
+	}
+	h.mu.Unlock()
+	if ok {
+		if cb, has := chatOf(h.a); has && cb.CancelTurn(cr.streamID) {
+			return nil
+		}
+	}
+	// Not running here: record the end directly.
+	now := h.rt.Clock().Now().UnixMilli()
+	return h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, error_message = ?, completed_at = ?
+			WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`, StatusAborted, reason, now, h.iid, runID)
+		return err
+	})
+}
+
+// resumeChildRuns re-arms the watchers of runs that were executing here
+// before an eviction or a restart; the chat layer resumes their turns.
+func (h *host) resumeChildRuns(ctx context.Context) error {
+	type pending struct{ runID, streamID string }
+	var list []pending
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT run_id, request_id FROM agent_tool_child_runs
+			WHERE instance_id = ? AND completed_at IS NULL AND request_id IS NOT NULL`, h.iid)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var p pending
+			if err := rows.Scan(&p.runID, &p.streamID); err != nil {
+				return err
+			}
+			list = append(list, p)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return fmt.Errorf("agenttool: resume child runs: %w", err)
+	}
+	if len(list) > 0 {
+		if _, ok := chatOf(h.a); !ok {
+			return nil
+		}
+	}
+	for _, p := range list {
+		h.track(p.runID, p.streamID, false)
+	}
+	return nil
+}

@@ -1,0 +1,190 @@
+package agenttool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/store"
+)
+
+// Options configure agent tools on a runtime.
+type Options struct {
+	// OpenDrillIn lets clients reach any agent-tool child through its
+	// parent's route, subject only to the parent's OnBeforeSubAgent. By
+	// default a child created by an agent tool is reachable only while the
+	// parent's registry holds its run.
+	OpenDrillIn bool
+}
+
+type optionsKey struct{}
+
+// Install enables agent tools on every agent of rt. Call it before Start.
+func Install(rt *agent.Runtime, opts Options) {
+	o := &opts
+	rt.SetValue(optionsKey{}, o)
+	rt.Use(func(a agent.Agent) agent.Layer { return &host{a: a, b: agent.BaseOf(a), rt: rt, opts: o} })
+}
+
+// Hooks of the parent, all optional.
+
+// StartObserver is told when a run is dispatched (the seed's
+// onAgentToolStart).
+type StartObserver interface {
+	OnAgentToolStart(ctx context.Context, run Run)
+}
+
+// FinishObserver is told when a run reaches a terminal state (the seed's
+// onAgentToolFinish), including cancel and clear of a run in flight.
+type FinishObserver interface {
+	OnAgentToolFinish(ctx context.Context, run Run, result Result)
+}
+
+// ConcurrencyLimiter caps the runs in flight of one agent (the seed's
+// maxConcurrentAgentTools); zero or negative means unlimited, the default.
+type ConcurrencyLimiter interface {
+	MaxConcurrentAgentTools() int
+}
+
+// host is the agent-tool layer of one instance: the parent's registry and
+// live runs, and the child's runs.
+type host struct {
+	a    agent.Agent
+	b    *agent.Base
+	rt   *agent.Runtime
+	opts *Options
+	iid  int64
+
+	mu        sync.Mutex
+	live      map[string]*liveRun // parent: runs awaited in this process
+	replaying map[*agent.Conn]*[]pendingFrame
+	hasRuns   int // -1 unknown, 0 none, 1 some
+	child     map[string]*childRun // child: runs executing here
+}
+
+var (
+	_ agent.Layer          = (*host)(nil)
+	_ agent.LayerConnector = (*host)(nil)
+	_ agent.LayerGate      = (*host)(nil)
+	_ agent.LayerCloser    = (*host)(nil)
+)
+
+type pendingFrame struct {
+	runID string
+	seq   int64
+	frame []byte
+}
+
+func hostOf(a agent.Agent) (*host, error) {
+	h, ok := agent.LayerOf[*host](a)
+	if !ok {
+		return nil, ErrNotInstalled
+	}
+	return h, nil
+}
+
+// StartLayer prepares the tables and resumes this instance's child runs.
+func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
+	if err := store.Migrate(ctx, h.rt.DB(), "agenttool", migrations); err != nil {
+		return err
+	}
+	h.iid = h.b.InstanceID()
+	h.live = map[string]*liveRun{}
+	h.replaying = map[*agent.Conn]*[]pendingFrame{}
+	h.child = map[string]*childRun{}
+	h.hasRuns = -1
+	return h.resumeChildRuns(ctx)
+}
+
+// LayerClose forgets a connection that closed during its replay.
+func (h *host) LayerClose(ctx context.Context, conn *agent.Conn) {
+	h.mu.Lock()
+	delete(h.replaying, conn)
+	h.mu.Unlock()
+}
+
+// broadcast sends an event frame to every connection; connections still
+// receiving their connect replay get it after the replay, in order.
+func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
+	frame, err := json.Marshal(Frame{Type: FrameType, ParentToolCallID: parentToolCallID, Sequence: seq, Event: ev})
+	if err != nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.b.Connections() {
+		if buf, ok := h.replaying[c]; ok {
+			*buf = append(*buf, pendingFrame{runID: ev.RunID, seq: seq, frame: frame})
+			continue
+		}
+		c.SendRaw(frame)
+	}
+}
+
+func (h *host) publish(typ string, attrs map[string]any) {
+	h.rt.Diag().Publish(diag.ChannelAgentTool, typ, h.b.Path().String(), attrs)
+}
+
+// LayerGate enforces the default drill-in rule: a child created by an agent
+// tool is reachable through this parent only while the registry holds its
+// run, and a guessed run id of an agent-tool class creates nothing.
+func (h *host) LayerGate(ctx context.Context, r *http.Request, class, name string) error {
+	if h.opts.OpenDrillIn {
+		return nil
+	}
+	notFound := &agent.HTTPError{Status: http.StatusNotFound, Message: "not found"}
+	has, err := h.hasRun(ctx, class, name)
+	if err != nil {
+		return err
+	}
+	if has {
+		return nil
+	}
+	if strings.HasPrefix(name, "agent-tool:") {
+		return notFound
+	}
+	var usedClass, childRows int
+	err = h.rt.DB().View(ctx, func(tx store.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND agent_type = ?`, h.iid, class).Scan(&usedClass); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_child_runs c JOIN instances i ON i.id = c.instance_id WHERE i.path = ?`,
+			h.b.Path().Child(class, name).String()).Scan(&childRows)
+	})
+	if err != nil {
+		return fmt.Errorf("agenttool: gate: %w", err)
+	}
+	if usedClass > 0 || childRows > 0 {
+		return notFound
+	}
+	return nil
+}
+
+func (h *host) hasRun(ctx context.Context, class, runID string) (bool, error) {
+	var n int
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND run_id = ? AND agent_type = ?`, h.iid, runID, class).Scan(&n)
+	})
+	if err != nil {
+		return false, fmt.Errorf("agenttool: look up run: %w", err)
+	}
+	return n > 0, nil
+}
+
+// HasAgentToolRun reports whether parent's registry holds run runID of
+// class (any status). Drill-in gates use it.
+func HasAgentToolRun(ctx context.Context, parent agent.Agent, class, runID string) (bool, error) {
+	h, err := hostOf(parent)
+	if err != nil {
+		return false, err
+	}
+	return h.hasRun(ctx, class, runID)
+}
+
+var errNoChat = errors.New("agenttool: the child class is not a chat agent (embed chat.Base)")

@@ -1,0 +1,181 @@
+package agenttool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/store"
+)
+
+// CancelAgentTool aborts a run in flight and records it as aborted with
+// reason, firing OnAgentToolFinish once. Canceling a finished run, or one
+// already canceled, does nothing.
+func CancelAgentTool(ctx context.Context, parent agent.Agent, runID, reason string) error {
+	h, err := hostOf(parent)
+	if err != nil {
+		return err
+	}
+	if reason == "" {
+		reason = msgCancelled
+	}
+	h.mu.Lock()
+	lr, live := h.live[runID]
+	h.mu.Unlock()
+	if live {
+		lr.cancel(errors.New(reason))
+		select {
+		case <-lr.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	row, ok, err := h.readRun(ctx, runID)
+	if err != nil {
+		return fmt.Errorf("agenttool: cancel %s: %w", runID, err)
+	}
+	if !ok || row.Status.Hard() {
+		return nil
+	}
+	mark := 0
+	if child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, runID)); err == nil {
+		if ch, err := hostOf(child); err == nil {
+			if err := ch.cancelChildRun(ctx, runID, reason); err != nil {
+				h.b.Logger().Error("agenttool: cancel child", "run", runID, "err", err)
+			}
+			mark = ch.streamNext(ctx, runID)
+		}
+	}
+	_, err = h.finish(ctx, row, Result{Status: StatusAborted, Error: reason}, mark)
+	return err
+}
+
+// streamNext returns the next sequence of a child run's stream (0 when it
+// has none).
+func (h *host) streamNext(ctx context.Context, runID string) int {
+	insp, err := h.inspectChild(ctx, runID)
+	if err != nil || insp == nil || insp.RequestID == "" {
+		return 0
+	}
+	cb, ok := chatOf(h.a)
+	if !ok {
+		return 0
+	}
+	chunks, err := cb.StreamChunks(ctx, insp.RequestID, -1)
+	if err != nil || len(chunks) == 0 {
+		return 0
+	}
+	return chunks[len(chunks)-1].Seq + 1
+}
+
+// ClearOptions filter ClearAgentToolRuns; the zero value clears every run.
+type ClearOptions struct {
+	// Status keeps only runs in one of these statuses.
+	Status []Status
+	// OlderThan keeps only runs started before it.
+	OlderThan time.Time
+}
+
+// ClearAgentToolRuns deletes runs from the registry together with their
+// children and the children's storage. Runs still in flight are canceled
+// first (recorded as aborted, OnAgentToolFinish fires). It returns how many
+// runs were deleted.
+func ClearAgentToolRuns(ctx context.Context, parent agent.Agent, opts ClearOptions) (int, error) {
+	h, err := hostOf(parent)
+	if err != nil {
+		return 0, err
+	}
+	runs, err := h.listRuns(ctx, "")
+	if err != nil {
+		return 0, fmt.Errorf("agenttool: clear: %w", err)
+	}
+	n := 0
+	for _, r := range runs {
+		if len(opts.Status) > 0 && !slices.Contains(opts.Status, r.Status) {
+			continue
+		}
+		if !opts.OlderThan.IsZero() && !r.StartedAt.Before(opts.OlderThan) {
+			continue
+		}
+		if r.Status.Active() {
+			if err := CancelAgentTool(ctx, parent, r.RunID, "clearing agent tool run"); err != nil {
+				h.b.Logger().Error("agenttool: clear: cancel", "run", r.RunID, "err", err)
+			}
+		}
+		if err := h.b.DeleteSubAgent(ctx, r.AgentType, r.RunID); err != nil {
+			h.b.Logger().Error("agenttool: clear: delete child", "run", r.RunID, "err", err)
+		}
+		err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+			_, err := tx.Exec(ctx, `DELETE FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID)
+			return err
+		})
+		if err != nil {
+			return n, fmt.Errorf("agenttool: clear %s: %w", r.RunID, err)
+		}
+		n++
+	}
+	h.mu.Lock()
+	h.hasRuns = -1
+	h.mu.Unlock()
+	return n, nil
+}
+
+// ListAgentToolRuns returns the parent's registry in start order.
+func ListAgentToolRuns(ctx context.Context, parent agent.Agent) ([]Run, error) {
+	h, err := hostOf(parent)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := h.listRuns(ctx, "")
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: list runs: %w", err)
+	}
+	out := make([]Run, len(rows))
+	for i, r := range rows {
+		out[i] = r.Run
+	}
+	return out, nil
+}
+
+// GetAgentToolRun returns one row of the parent's registry.
+func GetAgentToolRun(ctx context.Context, parent agent.Agent, runID string) (Run, bool, error) {
+	h, err := hostOf(parent)
+	if err != nil {
+		return Run{}, false, err
+	}
+	row, ok, err := h.readRun(ctx, runID)
+	if err != nil {
+		return Run{}, false, fmt.Errorf("agenttool: get run: %w", err)
+	}
+	return row.Run, ok, nil
+}
+
+// InspectAgentToolRun asks the child of a run for its own record. A nil
+// inspection means the child does not know the run yet (never a failure).
+func InspectAgentToolRun(ctx context.Context, parent agent.Agent, runID string) (*Inspection, error) {
+	h, err := hostOf(parent)
+	if err != nil {
+		return nil, err
+	}
+	row, ok, err := h.readRun(ctx, runID)
+	if err != nil || !ok {
+		return nil, err
+	}
+	exists, err := h.rt.Exists(ctx, h.b.Path().Child(row.AgentType, runID))
+	if err != nil || !exists {
+		return nil, err
+	}
+	child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, runID))
+	if err != nil {
+		return nil, err
+	}
+	ch, err := hostOf(child)
+	if err != nil {
+		return nil, err
+	}
+	return ch.inspectChild(ctx, runID)
+}

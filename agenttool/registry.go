@@ -1,0 +1,230 @@
+package agenttool
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/agentry/agentry/store"
+)
+
+// runRow is a registry row with the bookkeeping the wire needs.
+type runRow struct {
+	Run
+	marks []int // child stream positions at each terminal event (see eventSeq)
+}
+
+const runCols = `run_id, parent_tool_call_id, agent_type, input_preview, status, summary, output_json, error_message,
+	interrupted_reason, child_still_running, display_metadata, display_order, started_at, completed_at, terminal_marks`
+
+func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
+	var row runRow
+	var ptc, preview, summary, output, errMsg, reason, display, marks sql.NullString
+	var still, completed sql.NullInt64
+	var started int64
+	err := r.Scan(&row.RunID, &ptc, &row.AgentType, &preview, &row.Status, &summary, &output, &errMsg,
+		&reason, &still, &display, &row.DisplayOrder, &started, &completed, &marks)
+	if err != nil {
+		return row, err
+	}
+	row.ParentToolCallID = ptc.String
+	if preview.Valid {
+		row.InputPreview = json.RawMessage(preview.String)
+	}
+	row.Summary, row.Error, row.Reason = summary.String, errMsg.String, Reason(reason.String)
+	if output.Valid {
+		row.Output = json.RawMessage(output.String)
+	}
+	if still.Valid {
+		b := still.Int64 != 0
+		row.ChildStillRunning = &b
+	}
+	if display.Valid {
+		_ = json.Unmarshal([]byte(display.String), &row.Display)
+	}
+	row.StartedAt = time.UnixMilli(started)
+	if completed.Valid {
+		t := time.UnixMilli(completed.Int64)
+		row.CompletedAt = &t
+	}
+	if marks.Valid {
+		_ = json.Unmarshal([]byte(marks.String), &row.marks)
+	}
+	return row, nil
+}
+
+func (h *host) readRun(ctx context.Context, runID string) (runRow, bool, error) {
+	var row runRow
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		row, err = scanRun(tx.QueryRow(ctx, `SELECT `+runCols+` FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, runID))
+		return err
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return row, false, nil
+	}
+	return row, err == nil, err
+}
+
+func (h *host) listRuns(ctx context.Context, where string, args ...any) ([]runRow, error) {
+	var out []runRow
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT `+runCols+` FROM agent_tool_runs WHERE instance_id = ? `+where+` ORDER BY started_at, run_id`,
+			append([]any{h.iid}, args...)...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			r, err := scanRun(rows)
+			if err != nil {
+				return err
+			}
+			out = append(out, r)
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// insertRun writes a new starting row unless the concurrency cap is
+// reached (checked in the same statement). It reports whether the row was
+// written; inserted=false with exists=true means the run id is taken.
+func (h *host) insertRun(ctx context.Context, r Run, maxActive int) (inserted, exists bool, err error) {
+	display, _ := marshalOrNil(r.Display)
+	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			exists = true
+			return nil
+		}
+		limit := int64(1) << 62
+		if maxActive > 0 {
+			limit = int64(maxActive)
+		}
+		res, err := tx.Exec(ctx, `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
+				status, display_metadata, display_order, started_at)
+			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?
+			WHERE (SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND status IN ('starting', 'running')) < ?`,
+			h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
+			StatusStarting, display, r.DisplayOrder, r.StartedAt.UnixMilli(), h.iid, limit)
+		if err != nil {
+			return err
+		}
+		affected, err := res.RowsAffected()
+		inserted = affected == 1
+		return err
+	})
+	if inserted {
+		h.mu.Lock()
+		h.hasRuns = 1
+		h.mu.Unlock()
+	}
+	return inserted, exists, err
+}
+
+func (h *host) markRunning(ctx context.Context, runID string) error {
+	return h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ? WHERE instance_id = ? AND run_id = ? AND status = ?`,
+			StatusRunning, h.iid, runID, StatusStarting)
+		return err
+	})
+}
+
+// writeTerminal is the guarded terminal write: it never replaces a hard
+// terminal, and records the child-stream mark of this terminal event. It
+// reports whether it won.
+func (h *host) writeTerminal(ctx context.Context, runID string, res Result, mark int) (bool, []int, error) {
+	var won bool
+	var marks []int
+	now := h.rt.Clock().Now().UnixMilli()
+	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		var raw sql.NullString
+		err := tx.QueryRow(ctx, `SELECT terminal_marks FROM agent_tool_runs WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
+			h.iid, runID).Scan(&raw)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if raw.Valid {
+			_ = json.Unmarshal([]byte(raw.String), &marks)
+		}
+		marks = append(marks, mark)
+		mj, _ := json.Marshal(marks)
+		var still any
+		if res.ChildStillRunning != nil {
+			still = boolInt(*res.ChildStillRunning)
+		}
+		r, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ?, summary = ?, output_json = ?, error_message = ?,
+				interrupted_reason = ?, child_still_running = ?, completed_at = ?, terminal_marks = ?
+			WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
+			res.Status, nullStr(res.Summary), nullStr(string(res.Output)), nullStr(res.Error),
+			nullStr(string(res.Reason)), still, now, string(mj), h.iid, runID)
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		won = n == 1
+		return err
+	})
+	return won, marks, err
+}
+
+func nullStr(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func marshalOrNil(v any) (any, error) {
+	switch x := v.(type) {
+	case nil:
+		return nil, nil
+	case Display:
+		if len(x) == 0 {
+			return nil, nil
+		}
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return string(b), nil
+}
+
+// eventSeq maps a child stream sequence to the run's event sequence. The
+// sequence of a run is one monotonic series that live frames, replay and
+// re-attach share: started is 0; terminal event j is marks[j]+1+j (marks[j]
+// is the child's next stream sequence when that terminal was written); a
+// child chunk c is c+1 plus the number of terminal events written before it.
+// Numbers are never reused, so a client that deduplicates by (run,
+// sequence) never drops a real frame.
+func eventSeq(childSeq int, marks []int) int64 {
+	n := 0
+	for _, m := range marks {
+		if m <= childSeq {
+			n++
+		}
+	}
+	return int64(childSeq + 1 + n)
+}
+
+func terminalSeq(marks []int) int64 {
+	j := len(marks) - 1
+	return int64(marks[j] + 1 + j)
+}

@@ -1,0 +1,179 @@
+package agenttool
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/store"
+)
+
+// LayerConnect replays the whole registry to a new connection: for each run
+// in start order, started, the child's stored chunks and, for a finished
+// run, its terminal event, all with replay:true and the same sequence
+// numbers as live. Live events that arrive meanwhile are held back and sent
+// after the replay, so the connection sees every frame once and in order.
+func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
+	h.mu.Lock()
+	none := h.hasRuns == 0
+	if !none {
+		buf := []pendingFrame{}
+		h.replaying[conn] = &buf
+	}
+	h.mu.Unlock()
+	if none {
+		return
+	}
+	sent := h.replay(ctx, conn)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	buf, ok := h.replaying[conn]
+	delete(h.replaying, conn)
+	if !ok {
+		return
+	}
+	for _, f := range *buf {
+		if max, replayed := sent[f.runID]; replayed && f.seq <= max {
+			continue
+		}
+		conn.SendRaw(f.frame)
+	}
+}
+
+// replay sends the registry to conn and returns the highest sequence sent
+// per run.
+func (h *host) replay(ctx context.Context, conn *agent.Conn) map[string]int64 {
+	sent := map[string]int64{}
+	runs, err := h.listRuns(ctx, "")
+	if err != nil {
+		h.b.Logger().Error("agenttool: replay", "err", err)
+		return sent
+	}
+	h.mu.Lock()
+	if len(runs) == 0 {
+		h.hasRuns = 0
+	} else {
+		h.hasRuns = 1
+	}
+	h.mu.Unlock()
+	if len(runs) == 0 {
+		return sent
+	}
+	stored, err := h.storedChunks(ctx)
+	if err != nil {
+		h.b.Logger().Error("agenttool: replay chunks", "err", err)
+	}
+	for _, r := range runs {
+		send := func(seq int64, ev Event) {
+			frame, err := json.Marshal(Frame{Type: FrameType, ParentToolCallID: r.ParentToolCallID, Sequence: seq, Replay: true, Event: ev})
+			if err == nil {
+				conn.SendRaw(frame)
+				sent[r.RunID] = max(sent[r.RunID], seq)
+			}
+		}
+		order := r.DisplayOrder
+		send(0, Event{Kind: "started", RunID: r.RunID, AgentType: r.AgentType, InputPreview: r.InputPreview, Order: &order, Display: r.Display})
+		chunks := stored[r.RunID]
+		if r.Status.Active() {
+			chunks = h.liveChunks(ctx, r)
+		}
+		for _, c := range compact(chunks) {
+			send(eventSeq(c.seq, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: c.body})
+		}
+		if !r.Status.Active() && len(r.marks) > 0 {
+			send(terminalSeq(r.marks), terminalEvent(r.Result()))
+		}
+	}
+	return sent
+}
+
+type chunk struct {
+	seq  int
+	body string
+}
+
+// storedChunks reads the stored stream chunks of every child run of this
+// parent in one query.
+func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
+	out := map[string][]chunk{}
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT c.run_id, ch.seq, ch.body
+			FROM instances i
+			JOIN agent_tool_child_runs c ON c.instance_id = i.id AND i.name = c.run_id
+			JOIN chat_chunks ch ON ch.instance_id = c.instance_id AND ch.stream_id = c.request_id
+			WHERE i.parent_id = ?
+			ORDER BY c.run_id, ch.seq`, h.iid)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var run string
+			var c chunk
+			if err := rows.Scan(&run, &c.seq, &c.body); err != nil {
+				return err
+			}
+			out[run] = append(out[run], c)
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// liveChunks reads the chunks of a run in flight from its child, unflushed
+// ones included.
+func (h *host) liveChunks(ctx context.Context, r runRow) []chunk {
+	child, err := h.rt.Get(ctx, h.b.Path().Child(r.AgentType, r.RunID))
+	if err != nil {
+		return nil
+	}
+	ch, err := hostOf(child)
+	if err != nil {
+		return nil
+	}
+	insp, err := ch.inspectChild(ctx, r.RunID)
+	if err != nil || insp == nil || insp.RequestID == "" {
+		return nil
+	}
+	cb, ok := chatOf(child)
+	if !ok {
+		return nil
+	}
+	list, err := cb.StreamChunks(ctx, insp.RequestID, -1)
+	if err != nil {
+		return nil
+	}
+	out := make([]chunk, len(list))
+	for i, c := range list {
+		out[i] = chunk{seq: c.Seq, body: c.Body}
+	}
+	return out
+}
+
+// compact drops the progress snapshots a replay does not need: only the
+// latest progress chunk of a run is kept (milestones and content are all
+// kept).
+func compact(chunks []chunk) []chunk {
+	last := -1
+	for i, c := range chunks {
+		if isProgress(c.body) {
+			last = i
+		}
+	}
+	if last < 0 {
+		return chunks
+	}
+	out := make([]chunk, 0, len(chunks))
+	for i, c := range chunks {
+		if isProgress(c.body) && i != last {
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func isProgress(body string) bool {
+	return strings.HasPrefix(body, `{"type":"data-agent-progress"`)
+}

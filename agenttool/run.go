@@ -1,0 +1,338 @@
+package agenttool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/agentry/agentry/agent"
+)
+
+// liveRun is a run this process is awaiting.
+type liveRun struct {
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// RunAgentTool runs the chat agent class as a child of parent and waits
+// for its result (the seed's runAgentTool). The registry row is written
+// before the child wakes; the child is the parent's sub-agent named by the
+// run id, started idempotently; every chunk of its stream reaches the
+// parent's clients as agent-tool-event frames.
+//
+// A run id that exists already never starts a second child: a finished run
+// returns its stored result (whatever the new input), and a run still in
+// flight (or interrupted) is followed to its end. Canceling ctx aborts the
+// run (status aborted, with the context's cause as the reason).
+//
+// The error is non-nil only when the run could not be dispatched: an
+// unknown class, a concurrency cap reached (*CapError; the run id is not
+// consumed), a child that is not a chat agent, or a storage failure.
+func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts RunOptions) (Result, error) {
+	h, err := hostOf(parent)
+	if err != nil {
+		return Result{}, err
+	}
+	if !h.rt.HasClass(class) {
+		return Result{}, fmt.Errorf("agenttool: %w %q", agent.ErrUnknownClass, class)
+	}
+	runID := opts.RunID
+	if runID == "" {
+		runID = uuid.NewString()
+	}
+	if row, ok, err := h.readRun(ctx, runID); err != nil {
+		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
+	} else if ok {
+		return h.redispatch(ctx, row)
+	}
+	input, err := json.Marshal(opts.Input)
+	if err != nil {
+		return Result{}, fmt.Errorf("agenttool: marshal input: %w", err)
+	}
+	preview, err := inputPreview(opts.InputPreview, opts.Input, input)
+	if err != nil {
+		return Result{}, err
+	}
+	run := Run{RunID: runID, ParentToolCallID: opts.ParentToolCallID, AgentType: class, InputPreview: preview,
+		Status: StatusStarting, Display: opts.Display, DisplayOrder: opts.DisplayOrder, StartedAt: h.rt.Clock().Now()}
+	maxActive := 0
+	if l, ok := parent.(ConcurrencyLimiter); ok {
+		maxActive = l.MaxConcurrentAgentTools()
+	}
+	inserted, exists, err := h.insertRun(ctx, run, maxActive)
+	if err != nil {
+		return Result{}, fmt.Errorf("agenttool: record run: %w", err)
+	}
+	if exists {
+		row, _, err := h.readRun(ctx, runID)
+		if err != nil {
+			return Result{}, fmt.Errorf("agenttool: read run: %w", err)
+		}
+		return h.redispatch(ctx, row)
+	}
+	if !inserted {
+		capErr := &CapError{Max: maxActive}
+		return Result{RunID: runID, AgentType: class, Status: StatusError, Error: capErr.Error()}, capErr
+	}
+	if o, ok := parent.(StartObserver); ok {
+		o.OnAgentToolStart(ctx, run)
+	}
+	h.publish("start", map[string]any{"runId": runID, "agentType": class, "parentToolCallId": opts.ParentToolCallID})
+	order := opts.DisplayOrder
+	h.broadcast(opts.ParentToolCallID, 0, Event{Kind: "started", RunID: runID, AgentType: class,
+		InputPreview: preview, Order: &order, Display: opts.Display})
+
+	child, err := h.rt.Get(ctx, h.b.Path().Child(class, runID))
+	if err != nil {
+		return h.finish(ctx, runRow{Run: run}, Result{Status: StatusError, Error: "start child: " + err.Error()}, 0)
+	}
+	ch, err := hostOf(child)
+	if err != nil {
+		return Result{}, err
+	}
+	cr, err := ch.startChildRun(ctx, runID, input, ChildRequest{RunID: runID, AgentType: class, ParentPath: h.b.Path()})
+	if err != nil {
+		return h.finish(ctx, runRow{Run: run}, Result{Status: StatusError, Error: err.Error()}, 0)
+	}
+	if err := h.markRunning(ctx, runID); err != nil {
+		return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
+	}
+	run.Status = StatusRunning
+	return h.await(ctx, runRow{Run: run}, child, cr)
+}
+
+// redispatch answers a dispatch of a run id the registry holds.
+func (h *host) redispatch(ctx context.Context, row runRow) (Result, error) {
+	if row.Status.Hard() {
+		return row.Result(), nil
+	}
+	child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
+	if err != nil {
+		return Result{}, fmt.Errorf("agenttool: child of %s: %w", row.RunID, err)
+	}
+	ch, err := hostOf(child)
+	if err != nil {
+		return Result{}, err
+	}
+	insp, err := ch.inspectChild(ctx, row.RunID)
+	if err != nil {
+		return Result{}, err
+	}
+	if insp == nil || insp.RequestID == "" {
+		// The parent died between recording the run and starting the
+		// child; there is no input to start it with.
+		return h.finish(ctx, row, Result{Status: StatusInterrupted, Error: interruptedMessage(ReasonNoProgress),
+			Reason: ReasonNoProgress, ChildStillRunning: ptr(false)}, 0)
+	}
+	cr := ch.track(row.RunID, insp.RequestID, insp.Status != childRunning)
+	return h.await(ctx, row, child, cr)
+}
+
+// await follows a started child run to its end: it forwards the child's
+// stream to the parent's clients, and records and returns the result.
+func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *childRun) (Result, error) {
+	release := agent.BaseOf(child).KeepAlive()
+	defer release()
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	lr := &liveRun{cancel: cancel, done: make(chan struct{})}
+	h.mu.Lock()
+	if other, ok := h.live[row.RunID]; ok {
+		// Another caller already awaits this run: wait for its result.
+		h.mu.Unlock()
+		select {
+		case <-other.done:
+		case <-ctx.Done():
+			return Result{}, context.Cause(ctx)
+		}
+		r, _, err := h.readRun(context.WithoutCancel(ctx), row.RunID)
+		return r.Result(), err
+	}
+	h.live[row.RunID] = lr
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.live, row.RunID)
+		h.mu.Unlock()
+		close(lr.done)
+	}()
+
+	cb, ok := chatOf(child)
+	if !ok {
+		return h.finish(ctx, row, Result{Status: StatusError, Error: errNoChat.Error()}, 0)
+	}
+	next := 0
+	stop, err := cb.FollowStream(runCtx, cr.streamID, -1, func(seq int, body string) {
+		next = seq + 1
+		h.broadcast(row.ParentToolCallID, eventSeq(seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: body})
+	})
+	if err != nil {
+		return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
+	}
+	ch, _ := hostOf(child)
+	select {
+	case <-cr.done:
+	case <-runCtx.Done():
+		reason := causeText(runCtx)
+		if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, reason); err != nil {
+			h.b.Logger().Error("agenttool: cancel child", "run", row.RunID, "err", err)
+		}
+		select {
+		case <-cr.done:
+		case <-h.rt.Context().Done():
+		}
+	}
+	stop()
+	if h.rt.Context().Err() != nil {
+		return Result{}, agent.ErrClosed
+	}
+	bg := context.WithoutCancel(ctx)
+	insp, err := ch.inspectChild(bg, row.RunID)
+	var res Result
+	switch {
+	case err != nil:
+		res = Result{Status: StatusError, Error: err.Error()}
+	case insp == nil:
+		res = Result{Status: StatusError, Error: msgRunFailed}
+	default:
+		res = resultFromInspection(*insp)
+	}
+	if runCtx.Err() != nil && res.Status != StatusCompleted {
+		res = Result{Status: StatusAborted, Error: causeText(runCtx)}
+	}
+	mark := next
+	if chunks, err := cb.StreamChunks(bg, cr.streamID, next-1); err == nil && len(chunks) > 0 {
+		mark = chunks[len(chunks)-1].Seq + 1
+	}
+	return h.finish(bg, row, res, mark)
+}
+
+func resultFromInspection(in Inspection) Result {
+	switch in.Status {
+	case StatusCompleted:
+		return Result{Status: StatusCompleted, Output: in.Output, Summary: in.Summary}
+	case StatusAborted:
+		return Result{Status: StatusAborted, Error: in.Error}
+	default:
+		e := in.Error
+		if e == "" {
+			e = msgRunFailed
+		}
+		return Result{Status: StatusError, Error: e}
+	}
+}
+
+// causeText is the reason text of a canceled context.
+func causeText(ctx context.Context) string {
+	cause := context.Cause(ctx)
+	if cause == nil || errors.Is(cause, context.Canceled) {
+		return msgCancelled
+	}
+	return cause.Error()
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// finish records a terminal result, tells the clients and the hooks, and
+// returns the run's result as stored (a hard terminal written earlier wins).
+func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Result, error) {
+	res.RunID, res.AgentType = row.RunID, row.AgentType
+	won, marks, err := h.writeTerminal(ctx, row.RunID, res, mark)
+	if err != nil {
+		return res, fmt.Errorf("agenttool: record result: %w", err)
+	}
+	if !won {
+		stored, ok, err := h.readRun(ctx, row.RunID)
+		if err != nil || !ok {
+			return res, err
+		}
+		return stored.Result(), nil
+	}
+	h.broadcast(row.ParentToolCallID, terminalSeq(marks), terminalEvent(res))
+	run := row.Run
+	run.Status, run.Summary, run.Output, run.Error = res.Status, res.Summary, res.Output, res.Error
+	run.Reason, run.ChildStillRunning = res.Reason, res.ChildStillRunning
+	if o, ok := h.a.(FinishObserver); ok {
+		o.OnAgentToolFinish(agent.WithAgent(ctx, h.a), run, res)
+	}
+	h.publish("finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
+	return res, nil
+}
+
+// terminalEvent is the wire event of a terminal result.
+func terminalEvent(r Result) Event {
+	switch r.Status {
+	case StatusCompleted:
+		s := r.Summary
+		return Event{Kind: "finished", RunID: r.RunID, Summary: &s}
+	case StatusAborted:
+		return Event{Kind: "aborted", RunID: r.RunID, Reason: r.Error}
+	case StatusInterrupted:
+		e := r.Error
+		if e == "" {
+			e = "Agent tool run was interrupted"
+		}
+		return Event{Kind: "interrupted", RunID: r.RunID, Error: e, Reason: string(r.Reason), ChildStillRunning: r.ChildStillRunning}
+	default:
+		e := r.Error
+		if e == "" {
+			e = msgRunFailed
+		}
+		return Event{Kind: "error", RunID: r.RunID, Error: e}
+	}
+}
+
+func interruptedMessage(r Reason) string {
+	switch r {
+	case ReasonNoProgress:
+		return "Agent tool run was still running but made no forward progress within the re-attach no-progress budget; the parent gave up."
+	case ReasonWindowExceeded:
+		return "Agent tool run did not reach a terminal result within the maximum re-attach window; the parent gave up."
+	case ReasonNotTailable:
+		return "Agent tool run was still running, but live-tail reattachment is not supported in this runtime."
+	case ReasonInspectTimeout:
+		return "Agent tool run inspection timed out during parent recovery."
+	case ReasonInspectFailed:
+		return "Agent tool run could not be inspected during parent recovery."
+	case ReasonRecoveryDeadline:
+		return "Agent tool run recovery deadline exceeded."
+	}
+	return "Agent tool run was still running and did not reach a terminal result."
+}
+
+// inputPreview is the registry's view of the input: the explicit preview,
+// else the input string (first 500 characters) or the input's JSON (cut to
+// 497 characters plus "...").
+func inputPreview(explicit, input any, raw json.RawMessage) (json.RawMessage, error) {
+	var v any
+	switch {
+	case explicit != nil:
+		v = explicit
+	case input == nil:
+		return nil, nil
+	default:
+		if s, ok := input.(string); ok {
+			v = truncateRunes(s, 500)
+		} else if len(raw) > 500 {
+			v = truncateRunes(string(raw), 497) + "..."
+		} else {
+			v = string(raw)
+		}
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: marshal input preview: %w", err)
+	}
+	return b, nil
+}
+
+func truncateRunes(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n])
+}

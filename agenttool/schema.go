@@ -1,0 +1,45 @@
+package agenttool
+
+import "github.com/agentry/agentry/store"
+
+// migrations is the package's schema: the parent's registry of runs and the
+// child's record of the runs it executes. Both cascade with their instance.
+var migrations = []store.Migration{{
+	Version: 1,
+	Statements: []string{
+		`CREATE TABLE IF NOT EXISTS agent_tool_runs (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			run_id TEXT NOT NULL,
+			parent_tool_call_id TEXT,
+			agent_type TEXT NOT NULL,
+			input_preview TEXT,
+			status TEXT NOT NULL,
+			summary TEXT,
+			output_json TEXT,
+			error_message TEXT,
+			interrupted_reason TEXT,
+			child_still_running INTEGER,
+			display_metadata TEXT,
+			display_order BIGINT NOT NULL DEFAULT 0,
+			started_at BIGINT NOT NULL,
+			completed_at BIGINT,
+			terminal_marks TEXT,
+			PRIMARY KEY (instance_id, run_id))`,
+		`CREATE INDEX IF NOT EXISTS agent_tool_runs_started ON agent_tool_runs(instance_id, started_at)`,
+		`CREATE INDEX IF NOT EXISTS agent_tool_runs_tool_call ON agent_tool_runs(instance_id, parent_tool_call_id, display_order)`,
+		`CREATE TABLE IF NOT EXISTS agent_tool_child_runs (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			run_id TEXT NOT NULL,
+			request_id TEXT,
+			status TEXT NOT NULL,
+			input_json TEXT,
+			output_json TEXT,
+			summary TEXT,
+			error_message TEXT,
+			started_at BIGINT NOT NULL,
+			completed_at BIGINT,
+			progress_json TEXT,
+			last_signal_at BIGINT,
+			PRIMARY KEY (instance_id, run_id))`,
+	},
+}}
