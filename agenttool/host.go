@@ -64,7 +64,7 @@ type host struct {
 	mu        sync.Mutex
 	live      map[string]*liveRun // parent: runs awaited in this process
 	replaying map[*agent.Conn]*[]pendingFrame
-	hasRuns   int // -1 unknown, 0 none, 1 some
+	hasRuns   int                  // -1 unknown, 0 none, 1 some
 	child     map[string]*childRun // child: runs executing here
 }
 
