@@ -30,6 +30,7 @@ type instance struct {
 	busy       int
 	lastActive time.Time
 
+	stateMu   sync.Mutex // serializes setState
 	mu        sync.Mutex
 	state     json.RawMessage // nil when the agent has no state
 	conns     map[*Conn]struct{}
@@ -141,6 +142,10 @@ func (in *instance) setState(ctx context.Context, state json.RawMessage, from *C
 	if !json.Valid(state) {
 		return errors.New("agent: state is not valid JSON")
 	}
+	// One update at a time, so clients see states in the order they were
+	// stored.
+	in.stateMu.Lock()
+	defer in.stateMu.Unlock()
 	err := in.rt.db.Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE instances SET state = ? WHERE id = ?`, string(state), in.id)
 		return err

@@ -348,6 +348,18 @@ func (s *scheduler) fireDue() {
 func (s *scheduler) run(sc Schedule, key string) {
 	rt := s.rt
 	ctx := rt.ctx
+	// fireDue's list may have been read before an earlier run of this
+	// schedule committed (deleting or re-arming the row) and released its
+	// running slot; holding the slot now, fire only if the row is still as
+	// listed, so a schedule never fires twice for one due time.
+	var current int
+	err := rt.db.View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT count(*) FROM schedules WHERE id = ? AND due_at = ?`,
+			sc.ID, sc.DueAt.UnixMilli()).Scan(&current)
+	})
+	if err != nil || current == 0 {
+		return
+	}
 	start := rt.clock.Now()
 	callErr := func() error {
 		path, err := ParsePath(key)
@@ -367,7 +379,7 @@ func (s *scheduler) run(sc Schedule, key string) {
 		if sc.Payload != nil {
 			args = []json.RawMessage{sc.Payload}
 		}
-		_, err = m.invoke(ctx, reflectValue(in.agent), nil, args)
+		_, err = m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), nil, args)
 		return err
 	}()
 	if ctx.Err() != nil {
@@ -391,7 +403,7 @@ func (s *scheduler) run(sc Schedule, key string) {
 	case ScheduleInterval:
 		next = rt.clock.Now().Add(sc.Interval)
 	}
-	err := rt.db.Update(ctx, func(tx store.Tx) error {
+	err = rt.db.Update(ctx, func(tx store.Tx) error {
 		var err error
 		if next.IsZero() {
 			_, err = tx.Exec(ctx, `DELETE FROM schedules WHERE id = ? AND due_at = ?`, sc.ID, sc.DueAt.UnixMilli())

@@ -191,12 +191,20 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveSocket(w, r, route)
 		return
 	}
-	r2 := r.Clone(r.Context())
-	r2.URL.Path = route.Rest
-	if r2.URL.Path == "" {
-		r2.URL.Path = "/"
+	// route.Rest is still escaped: URL.Path gets the decoded form (as
+	// net/http gives handlers), RawPath the escaped one.
+	rest := route.Rest
+	if rest == "" {
+		rest = "/"
 	}
-	r2.URL.RawPath = ""
+	unescaped, err := url.PathUnescape(rest)
+	if err != nil {
+		http.Error(w, "malformed path", http.StatusBadRequest)
+		return
+	}
+	r2 := r.Clone(r.Context())
+	r2.URL.Path = unescaped
+	r2.URL.RawPath = rest
 	s.rt.ServeInstance(w, r2, route.Path)
 }
 
@@ -307,6 +315,13 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 		return
 	}
 	code, reason := s.readLoop(ctx, c, conn)
+	if sc, sr, ok := sk.closedWith(); ok {
+		// The server closed first (shutdown, destroy, OnConnect refusal, a
+		// slow client): report its code. The read side may only have seen
+		// the connection torn down (1006), depending on which goroutine
+		// read the peer's close frame.
+		code, reason = sc, sr
+	}
 	conn.Disconnect(code, reason)
 	sk.Close(code, reason)
 	<-writerDone
@@ -384,6 +399,13 @@ func (sk *socket) Close(code int, reason string) {
 	sk.mu.Lock()
 	defer sk.mu.Unlock()
 	sk.closeLocked(code, reason)
+}
+
+// closedWith reports the code and reason of a close the server initiated.
+func (sk *socket) closedWith() (int, string, bool) {
+	sk.mu.Lock()
+	defer sk.mu.Unlock()
+	return sk.closeCode, sk.closeWhy, sk.closed
 }
 
 func (sk *socket) closeLocked(code int, reason string) {

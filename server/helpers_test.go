@@ -1,0 +1,370 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"go.uber.org/goleak"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// waitLimit bounds every wait: a deadline for a broken test, never a way
+// to let time pass.
+const waitLimit = 10 * time.Second
+
+// client is a test WebSocket client whose reader goroutine queues every
+// frame, so the close handshake is always answered.
+type client struct {
+	t      *testing.T
+	c      *websocket.Conn
+	frames chan frame
+	done   chan struct{}
+	err    error // the read error, set before done is closed
+	ids    atomic.Int64
+}
+
+type frame struct {
+	typ  websocket.MessageType
+	data []byte
+}
+
+// dial opens a WebSocket to path (such as "/agents/counter/a?x=1") and
+// fails the test if the handshake fails.
+func dial(t *testing.T, env *testenv.Env, path string) *client {
+	t.Helper()
+	c, resp, err := tryDial(t, env, path)
+	if err != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		t.Fatalf("dial %s: %v (status %d)", path, err, status)
+	}
+	return c
+}
+
+func tryDial(t *testing.T, env *testenv.Env, path string) (*client, *http.Response, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, env.URL(path), nil)
+	if resp != nil && resp.Body != nil {
+		resp.Body.Close()
+	}
+	if err != nil {
+		return nil, resp, err
+	}
+	c.SetReadLimit(1 << 22)
+	cl := &client{t: t, c: c, frames: make(chan frame, 4096), done: make(chan struct{})}
+	go func() {
+		defer close(cl.done)
+		for {
+			typ, data, err := c.Read(context.Background())
+			if err != nil {
+				cl.err = err
+				return
+			}
+			cl.frames <- frame{typ, data}
+		}
+	}()
+	t.Cleanup(func() {
+		c.CloseNow()
+		<-cl.done
+	})
+	return cl, resp, nil
+}
+
+// next returns the next frame as a JSON object.
+func (c *client) next() map[string]any {
+	c.t.Helper()
+	data := c.nextRaw()
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		c.t.Fatalf("server frame %q is not a JSON object: %v", data, err)
+	}
+	return m
+}
+
+func (c *client) nextRaw() []byte {
+	c.t.Helper()
+	select {
+	case f := <-c.frames:
+		if f.typ != websocket.MessageText {
+			c.t.Fatalf("server sent a %v frame", f.typ)
+		}
+		return f.data
+	case <-c.done:
+		// Frames queued before the close are still readable.
+		select {
+		case f := <-c.frames:
+			return f.data
+		default:
+		}
+		c.t.Fatalf("connection closed while waiting for a frame: %v", c.err)
+	case <-time.After(waitLimit):
+		c.t.Fatal("timed out waiting for a frame")
+	}
+	return nil
+}
+
+// expectType returns the next frame, failing unless it has type typ.
+func (c *client) expectType(typ string) map[string]any {
+	c.t.Helper()
+	f := c.next()
+	if f["type"] != typ {
+		c.t.Fatalf("got frame %v, want type %q", f, typ)
+	}
+	return f
+}
+
+// handshake reads the connect sequence and returns the identity frame and
+// the state (nil when no state frame was sent).
+func (c *client) handshake() (identity map[string]any, state any) {
+	c.t.Helper()
+	identity = c.expectType(agent.FrameIdentity)
+	if identity["stateFollows"] == true {
+		state = c.expectType(agent.FrameState)["state"]
+	} else if _, present := identity["stateFollows"]; present {
+		c.t.Fatalf("identity has stateFollows=%v; it must be absent when no state follows", identity["stateFollows"])
+	}
+	c.expectType(agent.FrameMCPServers)
+	return identity, state
+}
+
+func (c *client) send(v any) {
+	c.t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.sendRaw(websocket.MessageText, data)
+}
+
+func (c *client) sendRaw(typ websocket.MessageType, data []byte) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := c.c.Write(ctx, typ, data); err != nil {
+		c.t.Fatalf("write: %v", err)
+	}
+}
+
+// call sends an RPC and returns its id.
+func (c *client) call(method string, args ...any) string {
+	c.t.Helper()
+	id := "call-" + strconv.FormatInt(c.ids.Add(1), 10)
+	if args == nil {
+		args = []any{}
+	}
+	c.send(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	return id
+}
+
+// rpc calls method and returns the response frame, which must be the next
+// frame on the connection.
+func (c *client) rpc(method string, args ...any) map[string]any {
+	c.t.Helper()
+	id := c.call(method, args...)
+	f := c.expectType("rpc")
+	if f["id"] != id {
+		c.t.Fatalf("rpc response %v, want id %s", f, id)
+	}
+	return f
+}
+
+// ok calls method and returns its result, failing unless it succeeded.
+func (c *client) ok(method string, args ...any) any {
+	c.t.Helper()
+	f := c.rpc(method, args...)
+	if f["success"] != true || f["done"] != true {
+		c.t.Fatalf("%s failed: %v", method, f)
+	}
+	return f["result"]
+}
+
+// closed waits for the connection to close and returns the close status.
+func (c *client) closed() (websocket.StatusCode, string) {
+	c.t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(waitLimit):
+		c.t.Fatal("connection was not closed")
+	}
+	var ce websocket.CloseError
+	if errors.As(c.err, &ce) {
+		return ce.Code, ce.Reason
+	}
+	return -1, c.err.Error()
+}
+
+// get performs a plain HTTP GET and returns the status and body.
+func get(t *testing.T, env *testenv.Env, path string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + env.Host + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// jsonEq compares a decoded frame with a JSON literal.
+func jsonEq(t *testing.T, got map[string]any, want string) {
+	t.Helper()
+	var w map[string]any
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := json.Marshal(got)
+	ws, _ := json.Marshal(w)
+	if string(g) != string(ws) {
+		t.Errorf("frame %s, want %s", g, ws)
+	}
+}
+
+// hooks records what the Hooked agents saw.
+type hooks struct {
+	starts   atomic.Int32
+	closes   chan closeInfo
+	mu       sync.Mutex
+	messages []string
+}
+
+type closeInfo struct {
+	name   string
+	code   int
+	reason string
+}
+
+func newHooks() *hooks { return &hooks{closes: make(chan closeInfo, 64)} }
+
+func (h *hooks) nextClose(t *testing.T) closeInfo {
+	t.Helper()
+	select {
+	case c := <-h.closes:
+		return c
+	case <-time.After(waitLimit):
+		t.Fatal("OnClose was not called")
+		return closeInfo{}
+	}
+}
+
+// Hooked implements every hook and a set of callables for the protocol
+// tests.
+type Hooked struct {
+	agent.Base
+	h *hooks
+}
+
+func hookedClass(h *hooks) agent.Class {
+	return agent.Class{
+		Name: "Hooked",
+		New:  func() agent.Agent { return &Hooked{h: h} },
+		Callable: []string{"echo", "fail", "boom", "setMine", "mine", "shout", "setState",
+			"stream", "streamFail", "nothing"},
+	}
+}
+
+func (a *Hooked) OnStart(ctx context.Context) error {
+	a.h.starts.Add(1)
+	return nil
+}
+
+func (a *Hooked) OnConnect(ctx context.Context, c *agent.Conn) error {
+	if agent.ConnFromContext(ctx) != c {
+		return errors.New("OnConnect context does not carry the connection")
+	}
+	switch c.Request().URL.Query().Get("deny") {
+	case "plain":
+		return errors.New("denied")
+	case "close":
+		return &agent.CloseError{Code: 4003, Reason: "go away"}
+	}
+	return c.Send(map[string]any{"type": "welcome", "id": c.ID()})
+}
+
+func (a *Hooked) OnMessage(ctx context.Context, c *agent.Conn, data []byte) error {
+	if string(data) == "fail please" {
+		return errors.New("cannot handle that")
+	}
+	a.h.mu.Lock()
+	a.h.messages = append(a.h.messages, string(data))
+	a.h.mu.Unlock()
+	return c.Send(map[string]any{"type": "echo", "data": string(data)})
+}
+
+func (a *Hooked) OnClose(ctx context.Context, c *agent.Conn, code int, reason string) {
+	a.h.closes <- closeInfo{name: c.ID(), code: code, reason: reason}
+}
+
+func (a *Hooked) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	fmt.Fprintf(w, "%s %s path=%s q=%s agent=%s", a.Name(), r.Method, r.URL.Path, r.URL.Query().Get("q"), a.Path())
+}
+
+func (a *Hooked) ValidateState(ctx context.Context, next json.RawMessage, from *agent.Conn) error {
+	var s map[string]any
+	if err := json.Unmarshal(next, &s); err != nil {
+		return err
+	}
+	if s["bad"] == true {
+		return errors.New("bad state")
+	}
+	return nil
+}
+
+func (a *Hooked) Echo(v any) any { return v }
+
+func (a *Hooked) Fail(ctx context.Context) (int, error) { return 0, errors.New("it failed on purpose") }
+
+func (a *Hooked) Boom() int { panic("kaboom") }
+
+func (a *Hooked) SetMine(ctx context.Context, v string) error {
+	return agent.ConnFromContext(ctx).SetState(map[string]string{"mine": v})
+}
+
+func (a *Hooked) Mine(ctx context.Context) json.RawMessage {
+	return agent.ConnFromContext(ctx).State()
+}
+
+func (a *Hooked) Shout(ctx context.Context, msg string) error {
+	return a.Broadcast(map[string]any{"type": "shout", "msg": msg}, agent.ConnFromContext(ctx))
+}
+
+func (a *Hooked) SetState(ctx context.Context, v any) error { return a.Base.SetState(ctx, v) }
+
+func (a *Hooked) Stream(ctx context.Context, s *agent.Stream, parts []string) (string, error) {
+	for _, p := range parts {
+		if err := s.Send(p); err != nil {
+			return "", err
+		}
+	}
+	return strings.Join(parts, "+"), nil
+}
+
+func (a *Hooked) StreamFail(ctx context.Context, s *agent.Stream) error {
+	if err := s.Send("partial"); err != nil {
+		return err
+	}
+	return errors.New("stream broke")
+}
+
+func (a *Hooked) Nothing() {}
+
+// NotCallable is exported but not in the allowlist.
+func (a *Hooked) NotCallable() int { return 1 }
