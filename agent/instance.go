@@ -145,7 +145,12 @@ func (in *instance) setState(ctx context.Context, state json.RawMessage, from *C
 	// One update at a time, so clients see states in the order they were
 	// stored.
 	in.stateMu.Lock()
-	defer in.stateMu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			in.stateMu.Unlock()
+		}
+	}()
 	err := in.rt.db.Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE instances SET state = ? WHERE id = ?`, string(state), in.id)
 		return err
@@ -158,6 +163,8 @@ func (in *instance) setState(ctx context.Context, state json.RawMessage, from *C
 	in.mu.Unlock()
 	frame, _ := json.Marshal(stateFrame{Type: "cf_agent_state", State: state})
 	in.broadcast(frame, from)
+	in.stateMu.Unlock()
+	locked = false
 	if o, ok := in.agent.(StateObserver); ok {
 		o.OnStateUpdate(ctx, state, from)
 	}
