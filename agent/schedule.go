@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,7 +73,11 @@ func (b *Base) ScheduleEvery(ctx context.Context, interval time.Duration, method
 }
 
 func (b *Base) addSchedule(ctx context.Context, s Schedule, payload any) (Schedule, error) {
-	if _, err := scheduleMethod(b.in.class.typ, s.Method); err != nil {
+	if strings.HasPrefix(s.Method, layerSchedulePrefix) {
+		if b.in.layerScheduler(s.Method) == nil {
+			return Schedule{}, fmt.Errorf("agent: schedule %s: no layer handles it", s.Method)
+		}
+	} else if _, err := scheduleMethod(b.in.class.typ, s.Method); err != nil {
 		return Schedule{}, fmt.Errorf("agent: schedule %s: %w", s.Method, err)
 	}
 	if payload != nil {
@@ -371,6 +376,9 @@ func (s *scheduler) run(sc Schedule, key string) {
 			return err
 		}
 		defer in.release()
+		if strings.HasPrefix(sc.Method, layerSchedulePrefix) {
+			return in.runLayerSchedule(WithAgent(ctx, in.agent), sc)
+		}
 		m, err := scheduleMethod(in.class.typ, sc.Method)
 		if err != nil {
 			return err
@@ -415,4 +423,36 @@ func (s *scheduler) run(sc Schedule, key string) {
 	if err != nil && ctx.Err() == nil {
 		rt.log.Error("scheduler: finish schedule", "id", sc.ID, "err", err)
 	}
+}
+
+// layerSchedulePrefix marks schedules owned by a framework layer rather
+// than an agent method: "@layer/name".
+const layerSchedulePrefix = "@"
+
+// LayerScheduler is a Layer that owns schedules. Layers schedule with
+// method names of the form "@layer/name" (through the usual Schedule
+// methods); when one comes due the runtime calls LayerSchedule of the layer
+// whose LayerScheduleName is "layer".
+type LayerScheduler interface {
+	LayerScheduleName() string
+	LayerSchedule(ctx context.Context, name string, payload json.RawMessage) error
+}
+
+func (in *instance) layerScheduler(method string) LayerScheduler {
+	layer, _, _ := strings.Cut(strings.TrimPrefix(method, layerSchedulePrefix), "/")
+	for _, l := range in.layers {
+		if ls, ok := l.(LayerScheduler); ok && ls.LayerScheduleName() == layer {
+			return ls
+		}
+	}
+	return nil
+}
+
+func (in *instance) runLayerSchedule(ctx context.Context, sc Schedule) error {
+	ls := in.layerScheduler(sc.Method)
+	if ls == nil {
+		return fmt.Errorf("no layer handles schedule %s", sc.Method)
+	}
+	_, name, _ := strings.Cut(strings.TrimPrefix(sc.Method, layerSchedulePrefix), "/")
+	return ls.LayerSchedule(ctx, name, sc.Payload)
 }
