@@ -390,11 +390,13 @@ func (s *scheduler) run(sc Schedule, key string) {
 		_, err = m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), nil, args)
 		return err
 	}()
-	if ctx.Err() != nil {
-		// Shutting down mid-call: leave the row so the schedule fires again
+	if ctx.Err() != nil && callErr != nil {
+		// Shut down mid-call: leave the row so the schedule fires again
 		// after the restart.
 		return
 	}
+	// The call finished: record it even if the runtime is closing now.
+	ctx = context.WithoutCancel(ctx)
 	attrs := map[string]any{"id": sc.ID, "method": sc.Method, "duration": rt.clock.Since(start)}
 	if callErr != nil {
 		attrs["error"] = callErr.Error()
