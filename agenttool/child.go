@@ -59,6 +59,13 @@ type Inspection struct {
 	RequestID   string          `json:"requestId,omitempty"`
 	StartedAt   time.Time       `json:"startedAt"`
 	CompletedAt *time.Time      `json:"completedAt,omitempty"`
+	// Progress is the latest progress snapshot (its data only when it was
+	// reported with persist).
+	Progress json.RawMessage `json:"progress,omitempty"`
+	// LastSignalAt is when the child last reported progress or a milestone.
+	LastSignalAt *time.Time `json:"lastSignalAt,omitempty"`
+	// Milestones are the run's durable milestones, in order.
+	Milestones []Milestone `json:"milestones,omitempty"`
 }
 
 // childRun is a run executing in this (child) instance.
@@ -66,7 +73,8 @@ type childRun struct {
 	runID    string
 	streamID string
 	done     chan struct{}
-	reason   string // cancel reason, guarded by host.mu
+	reason   string   // cancel reason, guarded by host.mu
+	emitter  *emitter // progress coalescing, guarded by host.mu
 }
 
 func chatOf(a agent.Agent) (*chat.Base, bool) { return agent.LayerOf[*chat.Base](a) }
@@ -229,6 +237,9 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 	}
 	h.mu.Lock()
 	delete(h.child, cr.runID)
+	if cr.emitter != nil && cr.emitter.timer != nil {
+		cr.emitter.timer.Stop()
+	}
 	h.mu.Unlock()
 	close(cr.done)
 }
@@ -237,13 +248,14 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 // has none (which means "not known yet", never failure).
 func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, error) {
 	var in Inspection
-	var req, summary, output, errMsg sql.NullString
+	var req, summary, output, errMsg, progress sql.NullString
 	var started int64
-	var completed sql.NullInt64
+	var completed, signal sql.NullInt64
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		return tx.QueryRow(ctx, `SELECT run_id, request_id, status, summary, output_json, error_message, started_at, completed_at
+		return tx.QueryRow(ctx, `SELECT run_id, request_id, status, summary, output_json, error_message, started_at, completed_at,
+				progress_json, last_signal_at
 			FROM agent_tool_child_runs WHERE instance_id = ? AND run_id = ?`, h.iid, runID).
-			Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed)
+			Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed, &progress, &signal)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
@@ -259,6 +271,16 @@ func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, err
 	if completed.Valid {
 		t := time.UnixMilli(completed.Int64)
 		in.CompletedAt = &t
+	}
+	if progress.Valid {
+		in.Progress = json.RawMessage(progress.String)
+	}
+	if signal.Valid {
+		t := time.UnixMilli(signal.Int64)
+		in.LastSignalAt = &t
+	}
+	if in.Milestones, err = h.milestones(ctx, runID); err != nil {
+		return nil, fmt.Errorf("agenttool: inspect milestones: %w", err)
 	}
 	return &in, nil
 }

@@ -61,6 +61,7 @@ type host struct {
 	opts *Options
 	iid  int64
 
+	armMu     sync.Mutex // serializes arming the reconcile tick
 	mu        sync.Mutex
 	live      map[string]*liveRun // parent: runs awaited in this process
 	replaying map[*agent.Conn]*[]pendingFrame

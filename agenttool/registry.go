@@ -14,20 +14,53 @@ import (
 type runRow struct {
 	Run
 	marks []int // child stream positions at each terminal event (see eventSeq)
+	det   detachedCols
+}
+
+// detachedCols are the registry columns of a detached run.
+type detachedCols struct {
+	Detached         bool
+	OnFinish         string
+	Notify           bool
+	NotifySource     string
+	MaxBudgetAt      *time.Time
+	NoProgressBudget time.Duration // 0: disabled
+	OnMilestones     *MilestoneNotices
+	FinishDelivered  bool
+	GiveUpDelivered  bool
 }
 
 const runCols = `run_id, parent_tool_call_id, agent_type, input_preview, status, summary, output_json, error_message,
-	interrupted_reason, child_still_running, display_metadata, display_order, started_at, completed_at, terminal_marks`
+	interrupted_reason, child_still_running, display_metadata, display_order, started_at, completed_at, terminal_marks,
+	detached, detached_on_finish, detached_notify, detached_notify_source, detached_max_budget_at,
+	detached_no_progress_budget_ms, detached_on_milestones, finish_delivered_at, give_up_delivered_at`
 
 func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	var row runRow
 	var ptc, preview, summary, output, errMsg, reason, display, marks sql.NullString
 	var still, completed sql.NullInt64
 	var started int64
+	var detached, notify int
+	var onFinish, source, onMilestones sql.NullString
+	var maxAt, noProgress, finishDelivered, giveUpDelivered sql.NullInt64
 	err := r.Scan(&row.RunID, &ptc, &row.AgentType, &preview, &row.Status, &summary, &output, &errMsg,
-		&reason, &still, &display, &row.DisplayOrder, &started, &completed, &marks)
+		&reason, &still, &display, &row.DisplayOrder, &started, &completed, &marks,
+		&detached, &onFinish, &notify, &source, &maxAt, &noProgress, &onMilestones, &finishDelivered, &giveUpDelivered)
 	if err != nil {
 		return row, err
+	}
+	row.det = detachedCols{Detached: detached != 0, OnFinish: onFinish.String, Notify: notify != 0, NotifySource: source.String,
+		NoProgressBudget: time.Duration(noProgress.Int64) * time.Millisecond,
+		FinishDelivered: finishDelivered.Valid, GiveUpDelivered: giveUpDelivered.Valid}
+	if maxAt.Valid {
+		t := time.UnixMilli(maxAt.Int64)
+		row.det.MaxBudgetAt = &t
+	}
+	if onMilestones.Valid {
+		var mn MilestoneNotices
+		if json.Unmarshal([]byte(onMilestones.String), &mn) == nil {
+			row.det.OnMilestones = &mn
+		}
 	}
 	row.ParentToolCallID = ptc.String
 	if preview.Valid {
@@ -92,8 +125,19 @@ func (h *host) listRuns(ctx context.Context, where string, args ...any) ([]runRo
 // insertRun writes a new starting row unless the concurrency cap is
 // reached (checked in the same statement). It reports whether the row was
 // written; inserted=false with exists=true means the run id is taken.
-func (h *host) insertRun(ctx context.Context, r Run, maxActive int) (inserted, exists bool, err error) {
+func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detachedCols) (inserted, exists bool, err error) {
 	display, _ := marshalOrNil(r.Display)
+	var maxAt, noProgress, milestones any
+	if det.MaxBudgetAt != nil {
+		maxAt = det.MaxBudgetAt.UnixMilli()
+	}
+	if det.NoProgressBudget > 0 {
+		noProgress = det.NoProgressBudget.Milliseconds()
+	}
+	if det.OnMilestones != nil {
+		b, _ := json.Marshal(det.OnMilestones)
+		milestones = string(b)
+	}
 	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID).Scan(&n); err != nil {
@@ -108,11 +152,13 @@ func (h *host) insertRun(ctx context.Context, r Run, maxActive int) (inserted, e
 			limit = int64(maxActive)
 		}
 		res, err := tx.Exec(ctx, `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
-				status, display_metadata, display_order, started_at)
-			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?
+				status, display_metadata, display_order, started_at, detached, detached_on_finish, detached_notify,
+				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones)
+			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
 			WHERE (SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND status IN ('starting', 'running')) < ?`,
 			h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
-			StatusStarting, display, r.DisplayOrder, r.StartedAt.UnixMilli(), h.iid, limit)
+			StatusStarting, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
+			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, h.iid, limit)
 		if err != nil {
 			return err
 		}

@@ -43,10 +43,14 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 	if runID == "" {
 		runID = uuid.NewString()
 	}
+	det, err := h.detachedColumns(opts.Detached, h.rt.Clock().Now())
+	if err != nil {
+		return Result{}, err
+	}
 	if row, ok, err := h.readRun(ctx, runID); err != nil {
 		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
 	} else if ok {
-		return h.redispatch(ctx, row)
+		return h.redispatch(ctx, row, det.Detached)
 	}
 	input, err := json.Marshal(opts.Input)
 	if err != nil {
@@ -62,7 +66,7 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 	if l, ok := parent.(ConcurrencyLimiter); ok {
 		maxActive = l.MaxConcurrentAgentTools()
 	}
-	inserted, exists, err := h.insertRun(ctx, run, maxActive)
+	inserted, exists, err := h.insertRun(ctx, run, maxActive, det)
 	if err != nil {
 		return Result{}, fmt.Errorf("agenttool: record run: %w", err)
 	}
@@ -71,7 +75,7 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 		if err != nil {
 			return Result{}, fmt.Errorf("agenttool: read run: %w", err)
 		}
-		return h.redispatch(ctx, row)
+		return h.redispatch(ctx, row, det.Detached)
 	}
 	if !inserted {
 		capErr := &CapError{Max: maxActive}
@@ -85,9 +89,14 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 	h.broadcast(opts.ParentToolCallID, 0, Event{Kind: "started", RunID: runID, AgentType: class,
 		InputPreview: preview, Order: &order, Display: opts.Display})
 
+	row := runRow{Run: run, det: det}
+	if det.Detached {
+		// The run must not inherit the turn's cancellation.
+		ctx = agent.WithAgent(context.WithoutCancel(ctx), parent)
+	}
 	child, err := h.rt.Get(ctx, h.b.Path().Child(class, runID))
 	if err != nil {
-		return h.finish(ctx, runRow{Run: run}, Result{Status: StatusError, Error: "start child: " + err.Error()}, 0)
+		return h.dispatchFailed(ctx, row, "start child: "+err.Error())
 	}
 	ch, err := hostOf(child)
 	if err != nil {
@@ -95,19 +104,48 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 	}
 	cr, err := ch.startChildRun(ctx, runID, input, ChildRequest{RunID: runID, AgentType: class, ParentPath: h.b.Path()})
 	if err != nil {
-		return h.finish(ctx, runRow{Run: run}, Result{Status: StatusError, Error: err.Error()}, 0)
+		return h.dispatchFailed(ctx, row, err.Error())
 	}
 	if err := h.markRunning(ctx, runID); err != nil {
 		return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
 	}
-	run.Status = StatusRunning
-	return h.await(ctx, runRow{Run: run}, child, cr)
+	row.Status = StatusRunning
+	if det.Detached {
+		if err := h.armReconcile(ctx, true); err != nil {
+			h.b.Logger().Error("agenttool: arm reconcile", "err", err)
+		}
+		h.follow(row)
+		return Result{RunID: runID, AgentType: class, Status: StatusRunning}, nil
+	}
+	return h.await(ctx, row, child, cr)
 }
 
-// redispatch answers a dispatch of a run id the registry holds.
-func (h *host) redispatch(ctx context.Context, row runRow) (Result, error) {
+// dispatchFailed records a run whose child could not be started.
+func (h *host) dispatchFailed(ctx context.Context, row runRow, msg string) (Result, error) {
+	res, err := h.finish(ctx, row, Result{Status: StatusError, Error: msg}, 0)
+	if row.det.Detached && err == nil {
+		// A detached dispatch answers with a handle, status error.
+		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusError, Error: res.Error}, nil
+	}
+	return res, err
+}
+
+// redispatch answers a dispatch of a run id the registry holds: a finished
+// run returns its stored result, detached or not; a run in flight is
+// followed to its end (awaited) or answered with a running handle
+// (detached).
+func (h *host) redispatch(ctx context.Context, row runRow, detached bool) (Result, error) {
 	if row.Status.Hard() {
 		return row.Result(), nil
+	}
+	if detached || row.det.Detached {
+		if err := h.armReconcile(ctx, false); err != nil {
+			return Result{}, fmt.Errorf("agenttool: arm reconcile: %w", err)
+		}
+		if row.Status.Active() {
+			h.follow(row)
+		}
+		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusRunning}, nil
 	}
 	child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 	if err != nil {
@@ -165,9 +203,12 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		return h.finish(ctx, row, Result{Status: StatusError, Error: errNoChat.Error()}, 0)
 	}
 	next := 0
+	signals := h.newSignalDispatcher(row)
+	defer signals.close()
 	stop, err := cb.FollowStream(runCtx, cr.streamID, -1, func(seq int, body string) {
 		next = seq + 1
 		h.broadcast(row.ParentToolCallID, eventSeq(seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: body})
+		signals.offer(body)
 	})
 	if err != nil {
 		return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
@@ -240,6 +281,13 @@ func ptr[T any](v T) *T { return &v }
 // returns the run's result as stored (a hard terminal written earlier wins).
 func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Result, error) {
 	res.RunID, res.AgentType = row.RunID, row.AgentType
+	if row.det.Detached && res.Status == StatusAborted && h.gaveUp(ctx, row.RunID) {
+		// The child was torn down by a give-up, which was the delivery; its
+		// aborted end is not delivered again and the run stays interrupted.
+		_ = h.markFinishDelivered(ctx, row.RunID)
+		stored, _, err := h.readRun(ctx, row.RunID)
+		return stored.Result(), err
+	}
 	won, marks, err := h.writeTerminal(ctx, row.RunID, res, mark)
 	if err != nil {
 		return res, fmt.Errorf("agenttool: record result: %w", err)
@@ -255,10 +303,21 @@ func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Re
 	run := row.Run
 	run.Status, run.Summary, run.Output, run.Error = res.Status, res.Summary, res.Output, res.Error
 	run.Reason, run.ChildStillRunning = res.Reason, res.ChildStillRunning
-	if o, ok := h.a.(FinishObserver); ok {
-		o.OnAgentToolFinish(agent.WithAgent(ctx, h.a), run, res)
-	}
 	h.publish("finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
+	switch {
+	case !row.det.Detached:
+		if o, ok := h.a.(FinishObserver); ok {
+			o.OnAgentToolFinish(agent.WithAgent(ctx, h.a), run, res)
+		}
+	case res.Status == StatusInterrupted:
+		if err := h.deliver(ctx, slotGiveUp, row, run, res); err != nil {
+			h.b.Logger().Warn("agenttool: delivery", "run", row.RunID, "err", err)
+		}
+	default:
+		if err := h.deliver(ctx, slotFinish, row, run, res); err != nil {
+			h.b.Logger().Warn("agenttool: delivery", "run", row.RunID, "err", err)
+		}
+	}
 	return res, nil
 }
 

@@ -42,4 +42,36 @@ var migrations = []store.Migration{{
 			last_signal_at BIGINT,
 			PRIMARY KEY (instance_id, run_id))`,
 	},
+}, {
+	// Detached runs: callbacks, budgets and the two-slot delivery ledger;
+	// milestones and their notifications.
+	Version: 2,
+	Statements: []string{
+		`ALTER TABLE agent_tool_runs ADD COLUMN detached INTEGER NOT NULL DEFAULT 0`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN detached_on_finish TEXT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN detached_notify INTEGER NOT NULL DEFAULT 0`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN detached_notify_source TEXT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN detached_max_budget_at BIGINT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN detached_no_progress_budget_ms BIGINT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN detached_on_milestones TEXT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN finish_claimed_at BIGINT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN finish_delivered_at BIGINT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN give_up_claimed_at BIGINT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN give_up_delivered_at BIGINT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN given_up_at BIGINT`,
+		`CREATE TABLE IF NOT EXISTS agent_tool_milestones (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			run_id TEXT NOT NULL,
+			sequence BIGINT NOT NULL,
+			name TEXT NOT NULL,
+			data_json TEXT,
+			at BIGINT NOT NULL,
+			PRIMARY KEY (instance_id, run_id, sequence))`,
+		`CREATE TABLE IF NOT EXISTS agent_tool_milestone_notices (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			run_id TEXT NOT NULL,
+			name TEXT NOT NULL,
+			delivered_at BIGINT NOT NULL,
+			PRIMARY KEY (instance_id, run_id, name))`,
+	},
 }}

@@ -74,6 +74,9 @@ type RunOptions struct {
 	// InputPreview is what the registry and clients see of the input;
 	// nil means a preview derived from Input (at most 500 characters).
 	InputPreview any
+	// Detached, when set, makes the run detached: RunAgentTool returns a
+	// handle (status running, or error) right after dispatch.
+	Detached *DetachedOptions
 }
 
 // Result is how a run ended (or, for an interrupted run, how far it got).
