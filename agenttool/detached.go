@@ -278,8 +278,6 @@ func (h *host) LayerSchedule(ctx context.Context, name string, payload json.RawM
 	return h.reconcile(ctx, p.CadenceIndex)
 }
 
-
-
 // armReconcile makes sure exactly one reconcile tick is scheduled; with
 // reset it restarts the cadence from its first (shortest) delay.
 func (h *host) armReconcile(ctx context.Context, reset bool) error {

@@ -51,7 +51,7 @@ func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	}
 	row.det = detachedCols{Detached: detached != 0, OnFinish: onFinish.String, Notify: notify != 0, NotifySource: source.String,
 		NoProgressBudget: time.Duration(noProgress.Int64) * time.Millisecond,
-		FinishDelivered: finishDelivered.Valid, GiveUpDelivered: giveUpDelivered.Valid}
+		FinishDelivered:  finishDelivered.Valid, GiveUpDelivered: giveUpDelivered.Valid}
 	if maxAt.Valid {
 		t := time.UnixMilli(maxAt.Int64)
 		row.det.MaxBudgetAt = &t
