@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Class describes an agent class to register with a Runtime.
@@ -192,8 +193,11 @@ func findLayers(t reflect.Type, prefix []int) [][]int {
 			continue
 		}
 		idx := append(append([]int(nil), prefix...), i)
-		out = append(out, findLayers(f.Type, idx)...)
-		if reflect.PointerTo(f.Type).Implements(layerType) {
+		inner := findLayers(f.Type, idx)
+		out = append(out, inner...)
+		// A struct that embeds a layer implements Layer by promotion: it is
+		// that layer, not another one.
+		if len(inner) == 0 && reflect.PointerTo(f.Type).Implements(layerType) {
 			out = append(out, idx)
 		}
 	}
@@ -210,7 +214,9 @@ func (ci *classInfo) layersOf(a Agent) []Layer {
 	v := reflect.ValueOf(a).Elem()
 	out := make([]Layer, 0, len(ci.layerIdx))
 	for _, idx := range ci.layerIdx {
-		out = append(out, v.FieldByIndex(idx).Addr().Interface().(Layer))
+		f := v.FieldByIndex(idx)
+		// NewAt reaches layers embedded through unexported fields too.
+		out = append(out, reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Interface().(Layer))
 	}
 	return out
 }

@@ -223,6 +223,9 @@ func loadChunks(ctx context.Context, tx store.Tx, iid int64, streamID string) ([
 }
 
 func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, chunks []storedChunk) error {
+	if ok, err := streamExists(ctx, tx, iid, streamID); err != nil || !ok {
+		return err // a stream deleted by a clear gets no more chunks
+	}
 	for _, c := range chunks {
 		if _, err := tx.Exec(ctx, `INSERT INTO chat_chunks (instance_id, stream_id, seq, body) VALUES (?, ?, ?, ?)
 			ON CONFLICT (instance_id, stream_id, seq) DO NOTHING`, iid, streamID, c.Seq, c.Body); err != nil {
@@ -235,6 +238,14 @@ func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, 
 		return err
 	}
 	return nil
+}
+
+// streamExists reports whether the stream row is still there (a clear
+// deletes it while its turn may still be finishing).
+func streamExists(ctx context.Context, tx store.Tx, iid int64, streamID string) (bool, error) {
+	var n int
+	err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM chat_streams WHERE instance_id = ? AND id = ?`, iid, streamID).Scan(&n)
+	return n > 0, err
 }
 
 func boolInt(b bool) int {

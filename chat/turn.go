@@ -444,7 +444,13 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	}
 	now := c.rt.Clock().Now()
 	cutoff := now.Add(-c.cfg.Retention).UnixMilli()
+	gone := false // cleared meanwhile: persist nothing
 	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		ok, err := streamExists(ctx, tx, c.iid, t.row.ID)
+		if err != nil || !ok {
+			gone = !ok
+			return err
+		}
 		if reorder {
 			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
 				return err
@@ -463,7 +469,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff)
+		_, err = tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff)
 		return err
 	})
 	if err != nil {
@@ -474,9 +480,13 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		c.log.Error("chat: persist turn end", "stream", t.row.ID, "err", err)
 	}
 	c.mu.Lock()
-	stale := c.gen != gen
+	stale := c.gen != gen || gone
 	if !stale {
 		c.msgs = msgs
+	}
+	if c.active == t {
+		// Ended: a probe from now on must not be offered this stream live.
+		c.active = nil
 	}
 	for conn, id := range c.pending {
 		if id == t.row.ID {

@@ -1,0 +1,280 @@
+package chat_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/store/sqlite"
+)
+
+const modelDelay = time.Second
+
+// slowModel streams replies in chunks of 4 characters, one per modelDelay
+// on clk.
+func slowModel(clk clockwork.Clock, rules ...scripted.Rule) *scripted.Model {
+	return scripted.New(scripted.WithChunkSize(4), scripted.WithClock(clk), scripted.WithDelay(modelDelay),
+		scripted.WithRules(rules...))
+}
+
+// crashMidTurn submits question on a, lets the model run until its call
+// number call holds after `more` further events, persists the chunks
+// streamed so far by firing the flush timer on the runtime clock rclk, and
+// closes the runtime (which cancels the turn; it stays unfinished in
+// storage). It returns the turn id and the highest persisted seq.
+func crashMidTurn(t *testing.T, r *rig, rclk, mclk *clockwork.FakeClock, m *scripted.Model, a chatter, question string, call, more int) (string, int) {
+	t.Helper()
+	ctx := testCtx(t)
+	id, err := a.SubmitMessages(ctx, []message.Message{userMsg(question)}, chat.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if err := mclk.BlockUntilContext(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Calls()) >= call {
+			break
+		}
+		mclk.Advance(modelDelay)
+	}
+	for range more {
+		step(t, mclk, modelDelay)
+	}
+	if err := mclk.BlockUntilContext(ctx, 1); err != nil { // held: nothing streams
+		t.Fatal(err)
+	}
+	textDeltas := func() int {
+		return count(t, r.sq, `SELECT COUNT(*) FROM chat_chunks WHERE stream_id = ? AND body LIKE '%"text-delta"%'`, id)
+	}
+	if n := textDeltas(); n != 0 {
+		t.Fatalf("%d text chunks persisted before the flush interval passed", n)
+	}
+	rclk.Advance(time.Second) // past FlushInterval: the flush timer fires
+	r.db.waitFor(t, "the streamed chunks to be persisted", func() bool { return textDeltas() == 1+more })
+	var maxSeq int
+	if err := r.sq.View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT MAX(seq) FROM chat_chunks WHERE stream_id = ?`, id).Scan(&maxSeq)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.close()
+	if got := streamStatus(t, r.dir, id); got != "streaming" {
+		t.Fatalf("after the crash the turn is %q, want streaming", got)
+	}
+	return id, maxSeq
+}
+
+// streamStatus reads a stream's status from the database file.
+func streamStatus(t *testing.T, dir, id string) string {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "agentry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var status string
+	err = db.View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT status FROM chat_streams WHERE id = ?`, id).Scan(&status)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return status
+}
+
+// onlyAssistant returns the transcript's single assistant message.
+func onlyAssistant(t *testing.T, msgs []message.Message) message.Message {
+	t.Helper()
+	as := assistants(msgs)
+	if len(as) != 1 || len(msgs) != 2 {
+		t.Fatalf("transcript %s, want one question and one answer", dump(msgs))
+	}
+	return as[0]
+}
+
+// TestRecoverContinueKeepsToolStep: a turn whose tool step completed before
+// the crash (tool call step, then a text step cut short) is resumed by the
+// next runtime on Start (the "chat" wake reason): under the default policy
+// the tool is not run again, the text step runs once more, and the
+// transcript holds one whole answer.
+func TestRecoverContinueKeepsToolStep(t *testing.T) {
+	dir := t.TempDir()
+	mclk := clockwork.NewFakeClock()
+	const answer = "The lookup says forty-two, which settles it."
+	m := slowModel(mclk,
+		scripted.Rule{Name: "answer", Match: scripted.LastIsToolResult, Reply: scripted.Always(scripted.Reply{scripted.Text(answer)})},
+		scripted.Rule{Name: "call", Reply: scripted.Always(scripted.Reply{scripted.ToolCall("lookup", json.RawMessage(`{}`))})},
+	)
+	var runs atomic.Int64
+	k := &kit{model: m, tools: []chat.Tool{chat.NewTool("lookup", "Looks it up.", func(ctx context.Context, in empty) (int, error) {
+		runs.Add(1)
+		return 42, nil
+	})}}
+	classes := []agent.Class{chatClass("Bot", k)}
+
+	rclk := clockwork.NewFakeClock()
+	r1 := newRig(t, rigOptions{dir: dir, clock: rclk, classes: classes})
+	id, _ := crashMidTurn(t, r1, rclk, mclk, m, getChat(t, r1.rt, "Bot", "cont"), "what is it?", 2, 2)
+	if runs.Load() != 1 {
+		t.Fatalf("tool ran %d times before the crash", runs.Load())
+	}
+	if n := len(r1.turns.matching("turn", "", nil)); n != 0 {
+		t.Fatalf("the interrupted turn ended %d times before the crash", n)
+	}
+
+	r2 := newRig(t, rigOptions{dir: dir, classes: classes})
+	stop := pump(mclk, modelDelay)
+	defer stop()
+	r2.turns.wait(t, "turn", "stream", id)
+	stop()
+	rec := r2.turns.wait(t, "recover-turn", "stream", id)
+	if rec.Attrs["policy"] != chat.RecoverContinue || rec.Attrs["keptChunks"].(int) == 0 {
+		t.Fatalf("recovery %v, want RecoverContinue with kept chunks", rec.Attrs)
+	}
+	a := getChat(t, r2.rt, "Bot", "cont")
+	res, err := a.WaitTurn(testCtx(t), id)
+	if err != nil || res.Outcome != chat.OutcomeCompleted {
+		t.Fatalf("recovered turn: %+v, %v", res, err)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("tool ran %d times, want 1: a completed step ran again", runs.Load())
+	}
+	calls := m.Calls()
+	if len(calls) != 3 || calls[2].Rule != "answer" {
+		t.Fatalf("model calls %d (last rule %q), want 3 ending with the answer after the kept tool result", len(calls), calls[len(calls)-1].Rule)
+	}
+	asst := onlyAssistant(t, a.Messages())
+	if got := chat.MessageText(asst); got != answer {
+		t.Fatalf("answer %q, want %q", got, answer)
+	}
+	tp := toolParts(asst)
+	if len(tp) != 1 || tp[0].State != message.StateOutputAvailable || string(tp[0].Output) != "42" {
+		t.Fatalf("tool parts %+v", tp)
+	}
+	if n := len(r2.turns.matching("turn", "stream", id)); n != 1 {
+		t.Fatalf("turn ended %d times, want once", n)
+	}
+	if got := streamStatus(t, dir, id); got != "done" {
+		t.Fatalf("status %q", got)
+	}
+}
+
+// TestRecoverRetryWholeAnswer: with RecoverRetry the partial answer is
+// discarded and the turn runs again: one whole answer, not duplicated. A
+// connection that resumes the recovered stream sees one consistent stream:
+// seqs strictly increasing, none reused from before the crash.
+func TestRecoverRetryWholeAnswer(t *testing.T) {
+	dir := t.TempDir()
+	mclk := clockwork.NewFakeClock()
+	m := slowModel(mclk)
+	k := &kit{model: m, policy: chat.RecoverRetry}
+	class := policyClass("Careful", k)
+
+	rclk := clockwork.NewFakeClock()
+	r1 := newRig(t, rigOptions{dir: dir, clock: rclk, classes: []agent.Class{class}})
+	const question = "please repeat this sentence back to me"
+	id, maxSeq := crashMidTurn(t, r1, rclk, mclk, m, getChat(t, r1.rt, "Careful", "retry"), question, 1, 3)
+
+	env, turns := startEnv(t, dir, clockwork.NewFakeClock(), chat.Config{}, class)
+	turns.wait(t, "recover", "", nil)
+	// The recovered turn is streaming and held on the model clock.
+	if err := mclk.BlockUntilContext(testCtx(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	const path = "/agents/careful/retry"
+	c := dial(t, env, path)
+	c.handshake()
+	if f := c.next(); f.Type != "cf_agent_stream_resuming" || f.ID != id {
+		t.Fatalf("no offer of the recovered stream: %s", f.raw)
+	}
+	c.ack(id)
+	replay := c.until(func(f wireFrame) bool { return f.ReplayComplete })
+	stop := pump(mclk, modelDelay)
+	defer stop()
+	c.until(isDone(id))
+	turns.wait(t, "turn", "stream", id)
+	stop()
+
+	rec := turns.wait(t, "recover-turn", "stream", id)
+	if rec.Attrs["policy"] != chat.RecoverRetry || rec.Attrs["keptChunks"].(int) != 0 {
+		t.Fatalf("recovery %v, want RecoverRetry keeping nothing", rec.Attrs)
+	}
+	s := seqs(t, c.all, id)
+	if len(s) == 0 || s[0] <= maxSeq {
+		t.Fatalf("seqs %v reuse the seqs up to %d persisted before the crash", s, maxSeq)
+	}
+	consecutive(t, "resumed stream", s, s[0])
+	if first := replay[0]; !first.isContent() || first.chunk(t).Type != message.ChunkStart {
+		t.Fatalf("the retried stream does not start with start: %s", first.raw)
+	}
+	d := c.all[len(c.all)-1]
+	if d.Outcome != chat.OutcomeCompleted || d.Replay {
+		t.Fatalf("terminal frame %s", d.raw)
+	}
+	want := "You said: " + question
+	var streamed strings.Builder
+	for _, f := range c.all {
+		if f.isContent() && f.ID == id {
+			if ch := f.chunk(t); ch.Type == message.ChunkTextDelta {
+				streamed.WriteString(ch.Delta)
+			}
+		}
+	}
+	if streamed.String() != want {
+		t.Fatalf("the resumed stream's text is %q, want %q", streamed.String(), want)
+	}
+	asst := onlyAssistant(t, getMessages(t, env.HTTP.URL, path))
+	if got := chat.MessageText(asst); got != want {
+		t.Fatalf("answer %q, want %q (whole, once)", got, want)
+	}
+	if n := len(turns.matching("turn", "stream", id)); n != 1 {
+		t.Fatalf("turn ended %d times", n)
+	}
+	if n := len(m.Calls()); n != 2 {
+		t.Fatalf("%d model calls, want 2 (the interrupted one and the retry)", n)
+	}
+}
+
+// TestRecoverAbandon: with RecoverAbandon the interrupted turn ends with
+// outcome error and the model is not called again.
+func TestRecoverAbandon(t *testing.T) {
+	dir := t.TempDir()
+	mclk := clockwork.NewFakeClock()
+	m := slowModel(mclk)
+	k := &kit{model: m, policy: chat.RecoverAbandon}
+	class := policyClass("Quitter", k)
+
+	rclk := clockwork.NewFakeClock()
+	r1 := newRig(t, rigOptions{dir: dir, clock: rclk, classes: []agent.Class{class}})
+	id, _ := crashMidTurn(t, r1, rclk, mclk, m, getChat(t, r1.rt, "Quitter", "gone"), "say something long enough", 1, 1)
+
+	r2 := newRig(t, rigOptions{dir: dir, classes: []agent.Class{class}})
+	ev := r2.turns.wait(t, "turn", "stream", id)
+	if ev.Attrs["outcome"] != chat.OutcomeError {
+		t.Fatalf("turn event %v", ev.Attrs)
+	}
+	a := getChat(t, r2.rt, "Quitter", "gone")
+	res, err := a.WaitTurn(testCtx(t), id)
+	if err != nil || res.Outcome != chat.OutcomeError || !strings.Contains(res.Error, "interrupted") {
+		t.Fatalf("abandoned turn: %+v, %v", res, err)
+	}
+	if n := len(m.Calls()); n != 1 {
+		t.Fatalf("%d model calls, want 1", n)
+	}
+	if n := len(r2.turns.matching("turn", "stream", id)); n != 1 {
+		t.Fatalf("turn ended %d times", n)
+	}
+}
