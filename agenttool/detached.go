@@ -169,7 +169,7 @@ func (h *host) follow(row runRow) {
 			return // the reconcile keeps watching
 		}
 		cr := ch.track(row.RunID, insp.RequestID, insp.Status != childRunning)
-		if _, err := h.await(ctx, row, child, cr); err != nil && ctx.Err() == nil {
+		if _, err := h.await(ctx, row, child, cr, reattachLimits{}); err != nil && ctx.Err() == nil {
 			h.b.Logger().Error("agenttool: detached run", "run", row.RunID, "err", err)
 		}
 	})
@@ -412,10 +412,10 @@ func (h *host) markFinishDelivered(ctx context.Context, runID string) error {
 	})
 }
 
-// LayerStarted re-arms the reconcile when detached runs still await
+// resumeDetached re-arms the reconcile when detached runs still await
 // delivery (after an eviction or a restart), so they are collected, held to
 // their budgets and delivered without a client.
-func (h *host) LayerStarted(ctx context.Context) {
+func (h *host) resumeDetached(ctx context.Context) {
 	rows, err := h.listRuns(ctx, `AND detached = 1 AND finish_delivered_at IS NULL`)
 	if err != nil {
 		h.b.Logger().Error("agenttool: list detached runs", "err", err)

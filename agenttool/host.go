@@ -63,10 +63,12 @@ type host struct {
 
 	armMu     sync.Mutex // serializes arming the reconcile tick
 	mu        sync.Mutex
-	live      map[string]*liveRun // parent: runs awaited in this process
+	live      map[string]*liveRun  // parent: runs awaited in this process
+	admitted  map[*agent.Conn]bool // connections whose replay has begun
 	replaying map[*agent.Conn]*[]pendingFrame
 	hasRuns   int                  // -1 unknown, 0 none, 1 some
 	child     map[string]*childRun // child: runs executing here
+	stale     []runRow             // parent: runs in flight when hydrated
 }
 
 var (
@@ -98,8 +100,16 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	h.iid = h.b.InstanceID()
 	h.live = map[string]*liveRun{}
 	h.replaying = map[*agent.Conn]*[]pendingFrame{}
+	h.admitted = map[*agent.Conn]bool{}
 	h.child = map[string]*childRun{}
 	h.hasRuns = -1
+	// Runs in flight before the agent's own OnStart are the ones to
+	// recover; runs OnStart dispatches are left alone.
+	stale, err := h.listRuns(ctx, `AND detached = 0 AND status IN ('starting', 'running')`)
+	if err != nil {
+		return fmt.Errorf("agenttool: list runs to recover: %w", err)
+	}
+	h.stale = stale
 	return h.resumeChildRuns(ctx)
 }
 
@@ -107,6 +117,7 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 func (h *host) LayerClose(ctx context.Context, conn *agent.Conn) {
 	h.mu.Lock()
 	delete(h.replaying, conn)
+	delete(h.admitted, conn)
 	h.mu.Unlock()
 }
 
@@ -119,7 +130,7 @@ func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, c := range h.b.Connections() {
+	for c := range h.admitted {
 		if buf, ok := h.replaying[c]; ok {
 			*buf = append(*buf, pendingFrame{runID: ev.RunID, seq: seq, frame: frame})
 			continue
@@ -152,7 +163,7 @@ func (h *host) LayerGate(ctx context.Context, r *http.Request, class, name strin
 	}
 	var usedClass, childRows int
 	err = h.rt.DB().View(ctx, func(tx store.Tx) error {
-		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND agent_type = ?`, h.iid, class).Scan(&usedClass); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_classes WHERE instance_id = ? AND agent_type = ?`, h.iid, class).Scan(&usedClass); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_child_runs c JOIN instances i ON i.id = c.instance_id WHERE i.path = ?`,

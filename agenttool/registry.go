@@ -164,6 +164,13 @@ func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detached
 		}
 		affected, err := res.RowsAffected()
 		inserted = affected == 1
+		if err != nil || !inserted {
+			return err
+		}
+		// Remember the class: the drill-in gate keeps guarding it after a
+		// clear.
+		_, err = tx.Exec(ctx, `INSERT INTO agent_tool_classes (instance_id, agent_type) VALUES (?, ?)
+			ON CONFLICT (instance_id, agent_type) DO NOTHING`, h.iid, r.AgentType)
 		return err
 	})
 	if inserted {

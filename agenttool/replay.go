@@ -16,6 +16,7 @@ import (
 // after the replay, so the connection sees every frame once and in order.
 func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	h.mu.Lock()
+	h.admitted[conn] = true
 	none := h.hasRuns == 0
 	if !none {
 		buf := []pendingFrame{}

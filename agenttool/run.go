@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/jonboulle/clockwork"
 
 	"github.com/google/uuid"
 
@@ -117,7 +120,7 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 		h.follow(row)
 		return Result{RunID: runID, AgentType: class, Status: StatusRunning}, nil
 	}
-	return h.await(ctx, row, child, cr)
+	return h.await(ctx, row, child, cr, reattachLimits{})
 }
 
 // dispatchFailed records a run whose child could not be started.
@@ -166,12 +169,13 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool) (Resul
 			Reason: ReasonNoProgress, ChildStillRunning: ptr(false)}, 0)
 	}
 	cr := ch.track(row.RunID, insp.RequestID, insp.Status != childRunning)
-	return h.await(ctx, row, child, cr)
+	h.publish("recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
+	return h.await(ctx, row, child, cr, h.reattachLimits())
 }
 
 // await follows a started child run to its end: it forwards the child's
 // stream to the parent's clients, and records and returns the result.
-func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *childRun) (Result, error) {
+func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *childRun, lim reattachLimits) (Result, error) {
 	release := agent.BaseOf(child).KeepAlive()
 	defer release()
 	runCtx, cancel := context.WithCancelCause(ctx)
@@ -205,7 +209,22 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	next := 0
 	signals := h.newSignalDispatcher(row)
 	defer signals.close()
+	var idleC, windowC <-chan time.Time
+	var idle clockwork.Timer
+	if lim.noProgress > 0 {
+		idle = h.rt.Clock().NewTimer(lim.noProgress)
+		defer idle.Stop()
+		idleC = idle.Chan()
+	}
+	if lim.maxWindow > 0 {
+		window := h.rt.Clock().NewTimer(lim.maxWindow)
+		defer window.Stop()
+		windowC = window.Chan()
+	}
 	stop, err := cb.FollowStream(runCtx, cr.streamID, -1, func(seq int, body string) {
+		if idle != nil {
+			idle.Reset(lim.noProgress)
+		}
 		next = seq + 1
 		h.broadcast(row.ParentToolCallID, eventSeq(seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: body})
 		signals.offer(body)
@@ -214,8 +233,20 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
 	}
 	ch, _ := hostOf(child)
+	var gaveUp Reason
 	select {
 	case <-cr.done:
+	case <-idleC:
+		gaveUp = ReasonNoProgress
+	case <-windowC:
+		gaveUp = ReasonWindowExceeded
+		if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run given up by parent recovery: window-exceeded"); err != nil {
+			h.b.Logger().Error("agenttool: tear down child", "run", row.RunID, "err", err)
+		}
+		select {
+		case <-cr.done:
+		case <-h.rt.Context().Done():
+		}
 	case <-runCtx.Done():
 		reason := causeText(runCtx)
 		if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, reason); err != nil {
@@ -243,6 +274,12 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	}
 	if runCtx.Err() != nil && res.Status != StatusCompleted {
 		res = Result{Status: StatusAborted, Error: causeText(runCtx)}
+	}
+	if gaveUp != "" && res.Status != StatusCompleted {
+		// The parent stops waiting; the run stays repairable.
+		res = Result{Status: StatusInterrupted, Error: interruptedMessage(gaveUp), Reason: gaveUp,
+			ChildStillRunning: ptr(gaveUp == ReasonNoProgress)}
+		h.publish("recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
 	}
 	mark := next
 	if chunks, err := cb.StreamChunks(bg, cr.streamID, next-1); err == nil && len(chunks) > 0 {

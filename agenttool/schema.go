@@ -67,6 +67,10 @@ var migrations = []store.Migration{{
 			data_json TEXT,
 			at BIGINT NOT NULL,
 			PRIMARY KEY (instance_id, run_id, sequence))`,
+		`CREATE TABLE IF NOT EXISTS agent_tool_classes (
+			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
+			agent_type TEXT NOT NULL,
+			PRIMARY KEY (instance_id, agent_type))`,
 		`CREATE TABLE IF NOT EXISTS agent_tool_milestone_notices (
 			instance_id BIGINT NOT NULL REFERENCES instances(id) ON DELETE CASCADE,
 			run_id TEXT NOT NULL,

@@ -53,6 +53,7 @@ type core struct {
 	active   *turn
 	working  bool
 	gen      int                    // bumped by clear; stale turns do not persist
+	admitted map[*agent.Conn]bool   // connections the layer has greeted
 	pending  map[*agent.Conn]string // offered a stream, not yet acknowledged
 	awaiting map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
 	waiters  map[string][]chan TurnResult
@@ -69,7 +70,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 	}
 	c := &core{
 		b: b, self: self, rt: rt, iid: b.InstanceID(), cfg: configOf(rt), log: b.Logger(),
-		pending: map[*agent.Conn]string{}, awaiting: map[*agent.Conn]bool{},
+		pending: map[*agent.Conn]string{}, awaiting: map[*agent.Conn]bool{}, admitted: map[*agent.Conn]bool{},
 		waiters: map[string][]chan TurnResult{},
 		follow:  map[string]map[*follower]struct{}{},
 	}

@@ -17,6 +17,9 @@ func (b *Base) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	c := b.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// From now on live chunks reach this connection; those streamed before
+	// reach it through the resume offer below.
+	c.admitted[conn] = true
 	conn.SendRaw(encode(messagesFrame{Type: frameMessages, Messages: nonNil(c.msgs), Connect: true}))
 	if t := c.active; t != nil && t.started {
 		c.pending[conn] = t.row.ID
@@ -28,6 +31,7 @@ func (b *Base) LayerConnect(ctx context.Context, conn *agent.Conn) {
 func (b *Base) LayerClose(ctx context.Context, conn *agent.Conn) {
 	c := b.c
 	c.mu.Lock()
+	delete(c.admitted, conn)
 	delete(c.pending, conn)
 	delete(c.awaiting, conn)
 	c.mu.Unlock()

@@ -183,7 +183,7 @@ func (t *turn) send(ch message.Chunk) {
 	t.chunks = append(t.chunks, sc)
 	t.unflushed = append(t.unflushed, sc)
 	frame := encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
-	for _, conn := range c.b.Connections() {
+	for conn := range c.admitted {
 		if _, waiting := c.pending[conn]; !waiting {
 			conn.SendRaw(frame)
 		}

@@ -1,0 +1,203 @@
+package agenttool
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+)
+
+// Recovery budgets.
+const (
+	// DefaultReattachNoProgressTimeout is how long a re-attached parent
+	// waits for the next chunk of a child before it gives up (no-progress).
+	DefaultReattachNoProgressTimeout = 2 * time.Minute
+	// recoveryInspectTimeout bounds one child inspection during recovery.
+	recoveryInspectTimeout = 2 * time.Second
+	// recoveryDeadline bounds the classification pass of a recovery.
+	recoveryDeadline = 5 * time.Second
+)
+
+// ReattachNoProgressTimeouter overrides the re-attach no-progress timeout
+// (the seed's agentToolReattachNoProgressTimeoutMs): zero or negative means
+// do not wait (collect finished children only).
+type ReattachNoProgressTimeouter interface {
+	AgentToolReattachNoProgressTimeout() time.Duration
+}
+
+// ReattachMaxWindower sets a ceiling on one re-attach (the seed's
+// agentToolReattachMaxWindowMs); past it the child is destroyed and the run
+// interrupted (window-exceeded). Zero or negative means no ceiling, the
+// default.
+type ReattachMaxWindower interface {
+	AgentToolReattachMaxWindow() time.Duration
+}
+
+// reattachLimits bound a re-attach: silence and total time; zero means
+// unlimited.
+type reattachLimits struct {
+	noProgress  time.Duration
+	maxWindow   time.Duration
+	collectOnly bool // noProgress <= 0: do not wait at all
+}
+
+func (h *host) reattachLimits() reattachLimits {
+	l := reattachLimits{noProgress: DefaultReattachNoProgressTimeout}
+	if o, ok := h.a.(ReattachNoProgressTimeouter); ok {
+		l.noProgress = o.AgentToolReattachNoProgressTimeout()
+		if l.noProgress <= 0 {
+			l.noProgress, l.collectOnly = 0, true
+		}
+	}
+	if o, ok := h.a.(ReattachMaxWindower); ok && o.AgentToolReattachMaxWindow() > 0 {
+		l.maxWindow = o.AgentToolReattachMaxWindow()
+	}
+	return l
+}
+
+// LayerStarted resumes the parent's unfinished runs after a restart or an
+// eviction, in the background so start-up never waits for it: awaited runs
+// that were in flight are recovered (collected when their child already
+// finished, re-attached when it still runs), detached runs go back to their
+// reconcile.
+func (h *host) LayerStarted(ctx context.Context) {
+	h.resumeDetached(ctx)
+	rows := h.stale
+	h.stale = nil
+	if len(rows) == 0 {
+		return
+	}
+	release := h.b.KeepAlive()
+	h.rt.Go(func(ctx context.Context) {
+		defer release()
+		h.recover(agent.WithAgent(ctx, h.a), rows)
+	})
+}
+
+// recover classifies each run within a deadline (each inspection with its
+// own timeout), finalizes the runs whose child finished without running
+// anything again, and re-attaches the others in parallel.
+func (h *host) recover(ctx context.Context, rows []runRow) {
+	clock := h.rt.Clock()
+	start := clock.Now()
+	h.publish("recovery:begin", map[string]any{"runCount": len(rows), "totalTimeoutMs": recoveryDeadline.Milliseconds()})
+	deadline := start.Add(recoveryDeadline)
+	type pending struct {
+		row   runRow
+		child agent.Agent
+		ch    *host
+		cr    *childRun
+	}
+	var reattach []pending
+	for _, row := range rows {
+		h.mu.Lock()
+		_, live := h.live[row.RunID]
+		h.mu.Unlock()
+		if live {
+			continue // re-dispatched meanwhile: its caller follows it
+		}
+		remaining := deadline.Sub(clock.Now())
+		if remaining <= 0 {
+			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonRecoveryDeadline,
+				Error: interruptedMessage(ReasonRecoveryDeadline)}, 0)
+			continue
+		}
+		child, ch, insp, err := h.inspectForRecovery(ctx, row, min(remaining, recoveryInspectTimeout))
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonInspectTimeout,
+				Error: interruptedMessage(ReasonInspectTimeout)}, 0)
+		case err != nil:
+			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonInspectFailed,
+				Error: interruptedMessage(ReasonInspectFailed)}, 0)
+		case insp != nil && insp.Status != childRunning:
+			// Finished while the parent was away: collect it.
+			h.recoveredRow(ctx, row, start, resultFromInspection(*insp), ch.streamNext(ctx, row.RunID))
+		case insp == nil || insp.RequestID == "":
+			// The child never started its turn (the parent died between
+			// recording the run and starting it): nothing will progress.
+			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
+				Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, 0)
+		default:
+			cr := ch.track(row.RunID, insp.RequestID, false)
+			reattach = append(reattach, pending{row, child, ch, cr})
+		}
+	}
+	var wg sync.WaitGroup
+	lim := h.reattachLimits()
+	for _, p := range reattach {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.publish("recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
+				"budgetMs": lim.noProgress.Milliseconds()})
+			var res Result
+			var err error
+			if lim.collectOnly {
+				res, err = h.finish(ctx, p.row, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
+					Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, p.ch.streamNext(ctx, p.row.RunID))
+			} else {
+				res, err = h.await(ctx, p.row, p.child, p.cr, lim)
+			}
+			if err != nil {
+				return
+			}
+			h.publish("recovery:row", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
+				"status": string(res.Status), "reason": string(res.Reason), "error": res.Error,
+				"elapsedMs": clock.Since(start).Milliseconds()})
+		}()
+	}
+	wg.Wait()
+	h.publish("recovery:complete", map[string]any{"runCount": len(rows), "elapsedMs": clock.Since(start).Milliseconds()})
+}
+
+// recoveredRow finalizes one row during recovery and reports it on the
+// agentTool channel with its typed reason.
+func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, res Result, mark int) {
+	if res.Reason == ReasonRecoveryDeadline {
+		h.publish("recovery:deadline", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
+			"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
+	}
+	stored, err := h.finish(ctx, row, res, mark)
+	if err != nil {
+		h.b.Logger().Error("agenttool: recover run", "run", row.RunID, "err", err)
+		return
+	}
+	h.publish("recovery:row", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
+		"status": string(stored.Status), "reason": string(stored.Reason), "error": stored.Error,
+		"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
+}
+
+// inspectForRecovery wakes a run's child and inspects the run, within
+// timeout. A nil inspection means the child does not know the run yet.
+func (h *host) inspectForRecovery(ctx context.Context, row runRow, timeout time.Duration) (agent.Agent, *host, *Inspection, error) {
+	type answer struct {
+		child agent.Agent
+		ch    *host
+		insp  *Inspection
+		err   error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		var a answer
+		a.child, a.err = h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
+		if a.err == nil {
+			if a.ch, a.err = hostOf(a.child); a.err == nil {
+				a.insp, a.err = a.ch.inspectChild(ctx, row.RunID)
+			}
+		}
+		done <- a
+	}()
+	t := h.rt.Clock().NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case a := <-done:
+		return a.child, a.ch, a.insp, a.err
+	case <-t.Chan():
+		return nil, nil, nil, context.DeadlineExceeded
+	case <-ctx.Done():
+		return nil, nil, nil, ctx.Err()
+	}
+}
