@@ -64,6 +64,19 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 	}
 	done := countSteps(tt.Message())
 	finish := model.FinishStop
+	if pending := pendingCalls(tt.Message(), tools); tt.Recovering && len(pending) > 0 {
+		// Recovered in the middle of executing a step's tool calls: run the
+		// ones without a result, then go on with the next step.
+		if err := tt.executeCalls(ctx, pending, tools); err != nil {
+			return err
+		}
+		if err := tt.t.markTools(ctx, false); err != nil {
+			return err
+		}
+		if err := tt.Write(message.FinishStep()); err != nil {
+			return err
+		}
+	}
 	for step := done; step < o.MaxSteps; step++ {
 		sys, conv := message.ToModel(append(append([]message.Message(nil), tt.Messages...), tt.Message()))
 		if o.System != "" {
@@ -83,7 +96,13 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 		}
 		finish = reason
 		if len(calls) > 0 {
+			if err := tt.t.markTools(ctx, true); err != nil {
+				return err
+			}
 			if err := tt.executeCalls(ctx, calls, tools); err != nil {
+				return err
+			}
+			if err := tt.t.markTools(ctx, false); err != nil {
 				return err
 			}
 		}
@@ -274,4 +293,29 @@ func (tt *Turn) executeCalls(ctx context.Context, calls []pendingCall, tools map
 	}
 	wg.Wait()
 	return firstErr
+}
+
+// pendingCalls returns the tool calls of the message's last step that have
+// valid input but no result: the calls a crash interrupted.
+func pendingCalls(m message.Message, tools map[string]Tool) []pendingCall {
+	last := -1
+	for i, p := range m.Parts {
+		if p.Type == message.PartStepStart {
+			last = i
+		}
+	}
+	if last < 0 {
+		return nil
+	}
+	var out []pendingCall
+	for _, p := range m.Parts[last+1:] {
+		if !p.IsTool() || p.State != message.StateInputAvailable {
+			continue
+		}
+		if _, known := tools[p.ToolName()]; !known {
+			continue
+		}
+		out = append(out, pendingCall{id: p.ToolCallID, name: p.ToolName(), input: p.Input, valid: true})
+	}
+	return out
 }

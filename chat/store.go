@@ -58,6 +58,14 @@ var migrations = []store.Migration{{
 	Statements: []string{
 		`ALTER TABLE chat_streams ADD COLUMN retain INTEGER NOT NULL DEFAULT 0`,
 	},
+}, {
+	// tools_from is the stream position where the running step's tool
+	// calls began executing; recovery resumes them instead of asking the
+	// model again.
+	Version: 3,
+	Statements: []string{
+		`ALTER TABLE chat_streams ADD COLUMN tools_from BIGINT`,
+	},
 }}
 
 // Stream statuses in chat_streams.
@@ -88,6 +96,7 @@ type streamRow struct {
 	Attempts     int
 	NextSeq      int
 	Retain       bool
+	ToolsFrom    int // -1 when no step is executing tools
 }
 
 func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Message, error) {
@@ -153,14 +162,19 @@ func nullRaw(b json.RawMessage) any {
 	return string(b)
 }
 
-const streamCols = `id, message_id, status, outcome, error, message_ids, continuation, body, attempts, next_seq`
+const streamCols = `id, message_id, status, outcome, error, message_ids, continuation, body, attempts, next_seq, tools_from`
 
 func scanStream(r interface{ Scan(...any) error }) (streamRow, error) {
 	var s streamRow
 	var outcome, errText, ids, body sql.NullString
 	var cont int
-	if err := r.Scan(&s.ID, &s.MessageID, &s.Status, &outcome, &errText, &ids, &cont, &body, &s.Attempts, &s.NextSeq); err != nil {
+	var toolsFrom sql.NullInt64
+	if err := r.Scan(&s.ID, &s.MessageID, &s.Status, &outcome, &errText, &ids, &cont, &body, &s.Attempts, &s.NextSeq, &toolsFrom); err != nil {
 		return s, err
+	}
+	s.ToolsFrom = -1
+	if toolsFrom.Valid {
+		s.ToolsFrom = int(toolsFrom.Int64)
 	}
 	s.Outcome, s.Error, s.Continuation = outcome.String, errText.String, cont != 0
 	if ids.Valid {

@@ -344,6 +344,7 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		}
 	}
 	cut := -1 // index of the last finish-step chunk
+
 	for i, sc := range chunks {
 		var ch message.Chunk
 		if err := json.Unmarshal([]byte(sc.Body), &ch); err != nil {
@@ -355,7 +356,14 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		if ch.Type == message.ChunkFinishStep {
 			cut = i
 		}
+		if t.row.ToolsFrom >= 0 && sc.Seq >= t.row.ToolsFrom-1 {
+			// The model's part of the step is complete and its tool calls
+			// were executing: keep it all, and run only the calls that have
+			// no result yet.
+			cut = i
+		}
 	}
+
 	policy := RecoverContinue
 	if _, custom := c.self.(Handler); custom {
 		policy = RecoverRetry
@@ -528,4 +536,24 @@ func nonNil(m []message.Message) []message.Message {
 		return []message.Message{}
 	}
 	return m
+}
+
+// markTools records that the current step's tool calls start executing at
+// the next stream position (after making the step's chunks durable), or
+// (start=false) that the step finished.
+func (t *turn) markTools(ctx context.Context, start bool) error {
+	c := t.c
+	if start {
+		t.flush(ctx)
+	}
+	c.mu.Lock()
+	from := any(nil)
+	if start {
+		from = t.nextSeq
+	}
+	c.mu.Unlock()
+	return c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE chat_streams SET tools_from = ? WHERE instance_id = ? AND id = ?`, from, c.iid, t.row.ID)
+		return err
+	})
 }
