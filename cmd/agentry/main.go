@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/examples/echochat"
 	"github.com/agentry/agentry/server"
@@ -83,7 +85,12 @@ func serve(args []string) error {
 		return err
 	}
 	chat.Configure(rt, chat.Config{})
-	for _, c := range []agent.Class{counter.Class(), echochat.Class(echochat.Options{Delay: *delay})} {
+	agenttool.Install(rt, agenttool.Options{})
+	models, provider := agentsastools.FromEnv(*delay)
+	logger.Info("agents-as-tools demo", "model", provider)
+	classes := append([]agent.Class{counter.Class(), echochat.Class(echochat.Options{Delay: *delay})},
+		agentsastools.Classes(agentsastools.Options{Models: models})...)
+	for _, c := range classes {
 		if err := rt.Register(c); err != nil {
 			return err
 		}

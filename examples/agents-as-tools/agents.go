@@ -1,0 +1,289 @@
+// Package agentsastools is the agents-as-tools demo, shaped like the
+// reference example of the same name so that its front end works against
+// it: an Assistant chat agent hands research to Researcher children and
+// planning to Planner children, in the foreground (the helper's timeline
+// renders under the tool call), side by side (compare), or in the
+// background (a detached run that reports progress and milestones and
+// notifies the chat when it is done).
+package agentsastools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/model"
+)
+
+// Options configure the demo's classes.
+type Options struct {
+	// Models picks each class's model; nil means Offline(20 ms).
+	Models *Models
+}
+
+// Classes returns the demo's agent classes: Assistant, Researcher, Planner.
+func Classes(o Options) []agent.Class {
+	if o.Models == nil {
+		o.Models = Offline(20*time.Millisecond, nil)
+	}
+	m := o.Models
+	return []agent.Class{
+		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant} },
+			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns"}},
+		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher} }},
+		{Name: "Planner", New: func() agent.Agent { return &Planner{model: m.Planner} }},
+	}
+}
+
+// Models are the demo's models, one per class.
+type Models struct {
+	Assistant, Researcher, Planner model.Model
+}
+
+// ResearchInput is the input of the research tools.
+type ResearchInput struct {
+	Query string `json:"query" jsonschema:"what to research, at least 3 characters"`
+}
+
+// PlanInput is the input of the plan tool.
+type PlanInput struct {
+	Description string `json:"description" jsonschema:"the change to plan, at least 5 characters"`
+}
+
+// CompareInput is the input of the compare tool.
+type CompareInput struct {
+	A string `json:"a" jsonschema:"the first thing to compare"`
+	B string `json:"b" jsonschema:"the second thing to compare"`
+}
+
+func minLength(field string, n int) func(*jsonschema.Schema) {
+	return func(s *jsonschema.Schema) { s.Properties[field].MinLength = &n }
+}
+
+// Assistant is the parent chat agent.
+type Assistant struct {
+	chat.Base
+	model model.Model
+}
+
+// ChatModel returns the assistant's model.
+func (a *Assistant) ChatModel() model.Model { return a.model }
+
+// SystemPrompt tells the model about its helpers.
+func (a *Assistant) SystemPrompt() string {
+	return `You are a helpful assistant with helper agents. Use "research" to research one topic, ` +
+		`"compare" to research two things side by side, "plan" to plan a code change, and ` +
+		`"research_background" when the user does not want to wait. Answer briefly from the helpers' results.`
+}
+
+// MaxConcurrentAgentTools caps the helpers running at once.
+func (a *Assistant) MaxConcurrentAgentTools() int { return 4 }
+
+// Tools returns the assistant's helpers.
+func (a *Assistant) Tools() []chat.Tool {
+	return []chat.Tool{
+		agenttool.AgentTool[ResearchInput]("Researcher", agenttool.ToolOptions{
+			Name: "research", Description: "Research one topic in depth with a Researcher helper.",
+			DisplayName: "Researcher", Icon: "🔎", Schema: minLength("query", 3)}),
+		agenttool.AgentTool[PlanInput]("Planner", agenttool.ToolOptions{
+			Name: "plan", Description: "Plan a code change with a Planner helper.",
+			DisplayName: "Planner", Icon: "🗺️", Schema: minLength("description", 5)}),
+		chat.NewTool("compare", "Research two things side by side with two Researcher helpers.", a.compare),
+		chat.NewTool("research_background", "Research a topic in the background; the answer arrives later in the chat.", a.researchBackground).
+			WithSchema(minLength("query", 3)),
+	}
+}
+
+// Settled is one side of a comparison.
+type Settled struct {
+	Status  agenttool.Status `json:"status"`
+	Summary string           `json:"summary,omitempty"`
+	Error   string           `json:"error,omitempty"`
+}
+
+// compare runs two Researchers in parallel under the tool call and returns
+// both results, whatever each one's outcome.
+func (a *Assistant) compare(ctx context.Context, in CompareInput) (map[string]Settled, error) {
+	tc, _ := chat.ToolCallFromContext(ctx)
+	out := map[string]Settled{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i, side := range []struct{ key, query string }{{"a", in.A}, {"b", in.B}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			opts := agenttool.RunOptions{Input: ResearchInput{Query: side.query}, ParentToolCallID: tc.ID, DisplayOrder: i,
+				Display: agenttool.Display{"name": "Researcher", "icon": "🔎"}}
+			if tc.ID != "" {
+				opts.RunID = fmt.Sprintf("agent-tool:%s:%d", tc.ID, i)
+			}
+			res, err := agenttool.RunAgentTool(ctx, a, "Researcher", opts)
+			s := Settled{Status: res.Status, Summary: res.Summary, Error: res.Error}
+			if err != nil {
+				s = Settled{Status: agenttool.StatusError, Error: err.Error()}
+			}
+			mu.Lock()
+			out[side.key] = s
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out, nil
+}
+
+// Dispatched is what research_background returns to the model.
+type Dispatched struct {
+	Status string `json:"status"`
+	RunID  string `json:"runId"`
+	Note   string `json:"note"`
+}
+
+// NotifySource marks the chat messages of background runs.
+const NotifySource = "agents-as-tools-background"
+
+// researchBackground dispatches a detached Researcher.
+func (a *Assistant) researchBackground(ctx context.Context, in ResearchInput) (Dispatched, error) {
+	opts := agenttool.RunOptions{Input: in, Display: agenttool.Display{"name": "Background researcher", "icon": "⏳"},
+		Detached: &agenttool.DetachedOptions{
+			Notify: true, NotifySource: NotifySource, MaxBudget: 5 * time.Minute,
+			OnMilestones: &agenttool.MilestoneNotices{Names: []string{"sources-gathered"}, Mode: agenttool.MilestoneNarrate},
+		}}
+	if tc, ok := chat.ToolCallFromContext(ctx); ok && tc.ID != "" {
+		opts.RunID = "agent-tool:" + tc.ID
+	}
+	res, err := agenttool.RunAgentTool(ctx, a, "Researcher", opts)
+	if err != nil {
+		return Dispatched{}, err
+	}
+	if res.Status == agenttool.StatusError {
+		return Dispatched{}, errors.New(res.Error)
+	}
+	return Dispatched{Status: "dispatched", RunID: res.RunID,
+		Note: "The research runs in the background; its result will arrive in this chat."}, nil
+}
+
+// ClearHelperRuns deletes every helper run and its child.
+func (a *Assistant) ClearHelperRuns(ctx context.Context) (int, error) {
+	return agenttool.ClearAgentToolRuns(ctx, a, agenttool.ClearOptions{})
+}
+
+// CancelBackground cancels a helper run.
+func (a *Assistant) CancelBackground(ctx context.Context, runID string) error {
+	return agenttool.CancelAgentTool(ctx, a, runID, "cancelled by the user")
+}
+
+// ListHelperRuns returns the helper runs, for clients that show a list.
+func (a *Assistant) ListHelperRuns(ctx context.Context) ([]agenttool.Run, error) {
+	return agenttool.ListAgentToolRuns(ctx, a)
+}
+
+// OnBeforeSubAgent lets clients drill into Researcher and Planner runs the
+// registry holds, and nothing else.
+func (a *Assistant) OnBeforeSubAgent(ctx context.Context, r *http.Request, class, name string) error {
+	if class != "Researcher" && class != "Planner" {
+		return &agent.HTTPError{Status: http.StatusNotFound, Message: "not found"}
+	}
+	ok, err := agenttool.HasAgentToolRun(ctx, a, class, name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return &agent.HTTPError{Status: http.StatusNotFound, Message: "not found"}
+	}
+	return nil
+}
+
+// Researcher researches one topic with a (simulated) web search.
+type Researcher struct {
+	chat.Base
+	model model.Model
+}
+
+// ChatModel returns the researcher's model.
+func (r *Researcher) ChatModel() model.Model { return r.model }
+
+// SystemPrompt tells the researcher what to do.
+func (r *Researcher) SystemPrompt() string {
+	return "Research the user's topic with web_search and end with a concise summary."
+}
+
+// SearchResult is one simulated search result.
+type SearchResult struct {
+	Title   string `json:"title"`
+	URL     string `json:"url"`
+	Snippet string `json:"snippet"`
+}
+
+// Tools returns web_search.
+func (r *Researcher) Tools() []chat.Tool {
+	return []chat.Tool{chat.NewTool("web_search", "Search the web (simulated).", r.webSearch).WithSchema(minLength("query", 1))}
+}
+
+func (r *Researcher) webSearch(ctx context.Context, in ResearchInput) ([]SearchResult, error) {
+	steps := []agenttool.Progress{
+		{Fraction: agenttool.Fraction(0.2), Phase: "searching", Message: "Searching for " + in.Query},
+		{Fraction: agenttool.Fraction(0.6), Phase: "reading", Message: "Reading 2 sources"},
+	}
+	for _, p := range steps {
+		if err := agenttool.ReportProgress(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+	if err := agenttool.ReportProgress(ctx, agenttool.Progress{Milestone: "sources-gathered",
+		Data: map[string]any{"query": in.Query, "sources": 2}}); err != nil {
+		return nil, err
+	}
+	if err := agenttool.ReportProgress(ctx, agenttool.Progress{Fraction: agenttool.Fraction(0.9), Phase: "synthesizing",
+		Message: "Writing the summary"}); err != nil {
+		return nil, err
+	}
+	slug := strings.ReplaceAll(strings.ToLower(in.Query), " ", "-")
+	return []SearchResult{
+		{Title: in.Query + ": an overview", URL: "https://example.com/" + slug, Snippet: "What " + in.Query + " is and why it matters."},
+		{Title: in.Query + " in practice", URL: "https://example.org/" + slug, Snippet: "How teams use " + in.Query + " today."},
+	}, nil
+}
+
+// Planner plans a code change by inspecting files.
+type Planner struct {
+	chat.Base
+	model model.Model
+}
+
+// ChatModel returns the planner's model.
+func (p *Planner) ChatModel() model.Model { return p.model }
+
+// SystemPrompt tells the planner what to do.
+func (p *Planner) SystemPrompt() string {
+	return "Plan the change. Inspect the relevant files with inspect_file (1 to 3 times), then write a plan with " +
+		"the sections Overview, Affected files, Step-by-step and Open questions."
+}
+
+// FileInput is inspect_file's input.
+type FileInput struct {
+	Path string `json:"path" jsonschema:"the file to inspect"`
+}
+
+// FileInfo is inspect_file's (simulated) result.
+type FileInfo struct {
+	Path    string `json:"path"`
+	Lines   int    `json:"lines"`
+	Summary string `json:"summary"`
+}
+
+// Tools returns inspect_file.
+func (p *Planner) Tools() []chat.Tool {
+	return []chat.Tool{chat.NewTool("inspect_file", "Inspect a source file (simulated).",
+		func(ctx context.Context, in FileInput) (FileInfo, error) {
+			return FileInfo{Path: in.Path, Lines: 40 + 13*len(in.Path), Summary: "Defines the code that " + in.Path + " is named after."}, nil
+		})}
+}

@@ -1,0 +1,302 @@
+package agentsastools
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/agentry/agentry/model"
+	"github.com/agentry/agentry/model/anthropic"
+	"github.com/agentry/agentry/model/openai"
+	"github.com/agentry/agentry/model/scripted"
+)
+
+// FromEnv returns real models when OPENAI_API_KEY (with optional
+// OPENAI_BASE_URL and AGENTRY_MODEL) or ANTHROPIC_API_KEY is set, and the
+// offline scripted models otherwise. The name says which.
+func FromEnv(delay time.Duration) (*Models, string) {
+	var m model.Model
+	switch {
+	case os.Getenv("OPENAI_API_KEY") != "":
+		m = openai.FromEnv()
+		return &Models{Assistant: m, Researcher: m, Planner: m}, "openai"
+	case os.Getenv("ANTHROPIC_API_KEY") != "":
+		m = anthropic.FromEnv()
+		return &Models{Assistant: m, Researcher: m, Planner: m}, "anthropic"
+	}
+	return Offline(delay, nil), "scripted"
+}
+
+// Offline returns scripted models that make the demo behave like a real
+// model, with no network: children stream their text in chunks of at most
+// 8 characters, delay apart. clock drives the delay (nil: real time).
+func Offline(delay time.Duration, clock clockwork.Clock) *Models {
+	if clock == nil {
+		clock = clockwork.NewRealClock()
+	}
+	opts := func(rules ...scripted.Rule) []scripted.Option {
+		return []scripted.Option{scripted.WithChunkSize(8), scripted.WithDelay(delay), scripted.WithClock(clock), scripted.WithRules(rules...)}
+	}
+	return &Models{
+		Assistant:  scripted.New(opts(assistantRules()...)...),
+		Researcher: scripted.New(opts(researcherRules()...)...),
+		Planner:    scripted.New(opts(plannerRules()...)...),
+	}
+}
+
+var (
+	compareRe    = regexp.MustCompile(`(?i)compare\s+(.+?)\s+(?:and|with|to|vs\.?|versus)\s+(.+?)[.?!]*$`)
+	versusRe     = regexp.MustCompile(`(?i)^(.+?)\s+(?:vs\.?|versus)\s+(.+?)[.?!]*$`)
+	backgroundRe = regexp.MustCompile(`(?i)\b(background|don'?t wait|do not wait|no need to wait|later)\b`)
+	planRe       = regexp.MustCompile(`(?i)\bplan\b`)
+	fillerRe     = regexp.MustCompile(`(?i)^(please\s+)?(can you\s+)?(research|look into|find out about|tell me about|in the background,?|plan( how to)?|make a plan (for|to))\s+`)
+)
+
+// topic strips request phrasing from a user message.
+func topic(s string) string {
+	s = strings.TrimSpace(s)
+	s = backgroundRe.ReplaceAllString(s, "")
+	for {
+		t := strings.TrimSpace(fillerRe.ReplaceAllString(s, ""))
+		if t == s {
+			break
+		}
+		s = t
+	}
+	s = strings.Trim(strings.TrimSpace(s), ".?!, ")
+	if len([]rune(s)) < 3 {
+		s = "the topic you asked about"
+	}
+	return s
+}
+
+// isNotice reports whether the last user message is a background-run
+// notification.
+func lastIsNotice(req *model.Request) bool {
+	return strings.HasPrefix(scripted.LastUserText(req), "Background task ")
+}
+
+func assistantRules() []scripted.Rule {
+	return []scripted.Rule{
+		{Name: "answer-notice", Match: lastIsNotice, Reply: func(req *model.Request) scripted.Reply {
+			text := scripted.LastUserText(req)
+			if i := strings.Index(text, "\n\n"); i >= 0 {
+				text = text[i+2:]
+			}
+			return scripted.Reply{scripted.Text("Your background research is done. " + firstSentence(text))}
+		}},
+		{Name: "answer-tools", Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.Text(answerFromResults(scripted.ToolResults(req)))}
+		}},
+		{Name: "compare", Match: func(req *model.Request) bool { _, _, ok := comparePair(scripted.LastUserText(req)); return ok },
+			Reply: func(req *model.Request) scripted.Reply {
+				a, b, _ := comparePair(scripted.LastUserText(req))
+				return scripted.Reply{scripted.ToolCall("compare", CompareInput{A: a, B: b})}
+			}},
+		{Name: "background", Match: func(req *model.Request) bool { return backgroundRe.MatchString(scripted.LastUserText(req)) },
+			Reply: func(req *model.Request) scripted.Reply {
+				return scripted.Reply{scripted.ToolCall("research_background", ResearchInput{Query: topic(scripted.LastUserText(req))})}
+			}},
+		{Name: "plan", Match: func(req *model.Request) bool { return planRe.MatchString(scripted.LastUserText(req)) },
+			Reply: func(req *model.Request) scripted.Reply {
+				return scripted.Reply{scripted.ToolCall("plan", PlanInput{Description: topic(scripted.LastUserText(req))})}
+			}},
+		{Name: "research", Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.ToolCall("research", ResearchInput{Query: topic(scripted.LastUserText(req))})}
+		}},
+	}
+}
+
+func comparePair(s string) (string, string, bool) {
+	s = strings.TrimSpace(s)
+	for _, re := range []*regexp.Regexp{compareRe, versusRe} {
+		if m := re.FindStringSubmatch(s); m != nil {
+			return strings.TrimSpace(m[1]), strings.TrimSpace(m[2]), true
+		}
+	}
+	return "", "", false
+}
+
+// answerFromResults writes the assistant's brief answer from tool results.
+func answerFromResults(results []model.Content) string {
+	var parts []string
+	for _, r := range results {
+		if r.IsError {
+			parts = append(parts, "A helper failed: "+strings.Trim(string(r.Output), `"`))
+			continue
+		}
+		var s string
+		if json.Unmarshal(r.Output, &s) == nil {
+			if s == "" {
+				continue
+			}
+			parts = append(parts, firstSentence(s))
+			continue
+		}
+		var cmp map[string]Settled
+		if json.Unmarshal(r.Output, &cmp) == nil && len(cmp) > 0 && cmp["a"].Status != "" {
+			parts = append(parts, "Side A: "+settledText(cmp["a"])+" Side B: "+settledText(cmp["b"]))
+			continue
+		}
+		var d Dispatched
+		if json.Unmarshal(r.Output, &d) == nil && d.Status == "dispatched" {
+			parts = append(parts, "I started the research in the background (run "+d.RunID+"); I'll post the result here when it is ready.")
+			continue
+		}
+		var f struct {
+			OK    *bool  `json:"ok"`
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(r.Output, &f) == nil && f.OK != nil && !*f.OK {
+			parts = append(parts, "The helper did not finish: "+f.Error)
+		}
+	}
+	if len(parts) == 0 {
+		return "Done."
+	}
+	return strings.Join(parts, " ")
+}
+
+func settledText(s Settled) string {
+	if s.Status == "completed" {
+		return firstSentence(s.Summary)
+	}
+	return fmt.Sprintf("(%s: %s)", s.Status, s.Error)
+}
+
+func firstSentence(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.Index(s, ". "); i >= 0 {
+		return s[:i+1]
+	}
+	return s
+}
+
+// inputTopic reads the topic from a child's input message (JSON or text).
+func inputTopic(req *model.Request, field string) string {
+	text := scripted.LastUserText(req)
+	for _, m := range req.Messages {
+		if m.Role == model.RoleUser {
+			for _, c := range m.Content {
+				if c.Kind == model.ContentText {
+					text = c.Text
+				}
+			}
+			break
+		}
+	}
+	var in map[string]any
+	if json.Unmarshal([]byte(text), &in) == nil {
+		if v, ok := in[field].(string); ok {
+			return v
+		}
+	}
+	return strings.TrimSpace(text)
+}
+
+func researcherRules() []scripted.Rule {
+	return []scripted.Rule{
+		{Name: "summarize", Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
+			q := inputTopic(req, "query")
+			var results []SearchResult
+			for _, r := range scripted.ToolResults(req) {
+				_ = json.Unmarshal(r.Output, &results)
+			}
+			var titles []string
+			for _, r := range results {
+				titles = append(titles, r.Title)
+			}
+			return scripted.Reply{scripted.Text(fmt.Sprintf(
+				"%s is worth knowing well. I read %d sources (%s). In short: %s is widely used, and the main trade-offs are cost, "+
+					"complexity and fit for your team.", capitalize(q), len(results), strings.Join(titles, "; "), q))}
+		}},
+		{Name: "follow-up", Match: func(req *model.Request) bool { return countUser(req) > 1 }, Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.Text("About \"" + scripted.LastUserText(req) + "\": based on my earlier research on " +
+				inputTopic(req, "query") + ", the sources agree on the basics; the details depend on your setup.")}
+		}},
+		{Name: "search", Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.ToolCall("web_search", ResearchInput{Query: inputTopic(req, "query")})}
+		}},
+	}
+}
+
+func countUser(req *model.Request) int {
+	n := 0
+	for _, m := range req.Messages {
+		if m.Role == model.RoleUser {
+			for _, c := range m.Content {
+				if c.Kind == model.ContentText {
+					n++
+					break
+				}
+			}
+		}
+	}
+	return n
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+// plannerFiles picks the files a plan inspects: one to three, from the
+// description's words.
+func plannerFiles(desc string) []string {
+	words := strings.Fields(strings.ToLower(desc))
+	var files []string
+	for _, w := range words {
+		w = strings.Trim(w, ".,;:!?\"'()")
+		if len(w) < 4 {
+			continue
+		}
+		files = append(files, "src/"+w+".go")
+		if len(files) == 3 {
+			break
+		}
+	}
+	if len(files) == 0 {
+		files = []string{"src/main.go"}
+	}
+	return files
+}
+
+func plannerRules() []scripted.Rule {
+	return []scripted.Rule{
+		{Name: "inspect-or-plan", Reply: func(req *model.Request) scripted.Reply {
+			desc := inputTopic(req, "description")
+			files := plannerFiles(desc)
+			done := 0
+			for _, m := range req.Messages {
+				for _, c := range m.Content {
+					if c.Kind == model.ContentToolResult && c.ToolName == "inspect_file" {
+						done++
+					}
+				}
+			}
+			if countUser(req) > 1 && !scripted.LastIsToolResult(req) {
+				return scripted.Reply{scripted.Text("Good question. The plan stays the same; \"" + scripted.LastUserText(req) +
+					"\" fits into step 2.")}
+			}
+			if done < len(files) {
+				return scripted.Reply{scripted.ToolCall("inspect_file", FileInput{Path: files[done]})}
+			}
+			var b strings.Builder
+			fmt.Fprintf(&b, "## Overview\n%s.\n\n## Affected files\n", capitalize(desc))
+			for _, f := range files {
+				fmt.Fprintf(&b, "- %s\n", f)
+			}
+			b.WriteString("\n## Step-by-step\n1. Write a failing test for the new behaviour.\n2. Change ")
+			b.WriteString(files[0])
+			b.WriteString(".\n3. Update the callers and run the tests.\n\n## Open questions\n- Does this need a migration?\n")
+			return scripted.Reply{scripted.Text(b.String())}
+		}},
+	}
+}
