@@ -1,0 +1,576 @@
+// Package client is a Go client for an Agentry server, or any server that
+// speaks the Cloudflare Agents protocol: it connects to an agent instance
+// over WebSocket, follows its synced state, calls its callable methods
+// (plain and streaming), observes every frame the server sends, and drives
+// the chat protocol (see Chat).
+//
+// A Conn is one WebSocket. It does not reconnect: when the server closes
+// the socket, or the network drops it, the Conn ends with a *CloseError and
+// every call in flight fails with it. Dial again to reconnect; a chat turn
+// still streaming can then be picked up with Chat.Resume. Close codes 1008
+// and 4000–4999 mean the server refused the client for good (CloseError's
+// Terminal reports it); the npm clients stop retrying on them.
+//
+// The reducer of agent-tool events (the Go twin of useAgentToolEvents) is in
+// package client/agenttools.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+
+	"github.com/coder/websocket"
+	"github.com/google/uuid"
+
+	"github.com/agentry/agentry/agent"
+)
+
+// Hop is one sub-agent step of the address of an agent instance, as in the
+// sub option of the npm useAgent: the child's class name (kebab-cased on the
+// wire) and instance name.
+type Hop struct {
+	Agent string
+	Name  string
+}
+
+// Options say which agent instance to connect to and how.
+type Options struct {
+	// Host is the server's "host:port". Like the npm client, the scheme is
+	// ws for hosts that look local ("localhost:…", "127.0.0.1:…", private
+	// 10/8, 172.16/12 and 192.168/16 addresses) and wss otherwise; a Host
+	// that starts with http://, https://, ws:// or wss:// keeps its scheme.
+	Host string
+	// BaseURL is used instead of Host when set: an http, https, ws or wss
+	// URL whose path, if any, is put before the agent routes.
+	BaseURL string
+	// Prefix is the first segment of agent routes; "" means "agents".
+	Prefix string
+	// Agent is the class name, such as "EchoChat"; it is kebab-cased on the
+	// wire exactly as the npm client does ("echo-chat").
+	Agent string
+	// Name is the instance name; "" means "default".
+	Name string
+	// Sub addresses a sub-agent of the instance, one hop per level. Names
+	// are percent-encoded like encodeURIComponent.
+	Sub []Hop
+	// Query is added to the URL (authentication tokens, typically) and to
+	// the HTTP requests of Chat.Messages.
+	Query url.Values
+	// ID is the connection id sent as _pk; "" means a random UUID.
+	ID string
+	// Header is sent with the WebSocket upgrade and HTTP requests.
+	Header http.Header
+	// HTTPClient performs the upgrade and HTTP requests; nil means
+	// http.DefaultClient.
+	HTTPClient *http.Client
+	// MaxFrameBytes limits one frame from the server; zero means 32 MiB.
+	MaxFrameBytes int64
+
+	// OnFrame, when set, is called for every text frame the server sends,
+	// starting with the identity frame, after the Conn has applied it
+	// (so State reflects a state frame). It runs on the Conn's reading
+	// goroutine: it must not block, and must not wait on the Conn.
+	OnFrame func(Frame)
+	// OnState, when set, is called with every state the server sends
+	// (cf_agent_state), on the reading goroutine, after State reflects it.
+	OnState func(state json.RawMessage)
+	// OnStateError, when set, is called with the error of every
+	// cf_agent_state_error frame (a state update the server rejected).
+	OnStateError func(msg string)
+}
+
+// Identity is what the server said the connection reached
+// (cf_agent_identity): the kebab-cased class and the instance name.
+type Identity struct {
+	Agent string
+	Name  string
+}
+
+// Frame is one text frame from the server: its type ("" when it is not a
+// JSON object with a string type) and its raw bytes.
+type Frame struct {
+	Type string
+	Data json.RawMessage
+}
+
+// Conn is a WebSocket connection to one agent instance. Its methods are safe
+// for concurrent use.
+type Conn struct {
+	ws       *websocket.Conn
+	opts     Options
+	id       string
+	httpBase string // http(s) URL of the instance, without query
+	query    url.Values
+
+	ctx      context.Context // the reading goroutine's; canceled by Close
+	cancel   context.CancelFunc
+	readDone chan struct{}
+	ready    chan struct{}
+	done     chan struct{}
+
+	mu        sync.Mutex
+	identity  Identity
+	identSeen bool
+	readyDone bool
+	state     json.RawMessage
+	err       error
+	calls     map[string]*call
+	subs      map[*Subscription]struct{}
+	closing   bool
+
+	chat *Chat
+}
+
+// Dial connects to the agent instance that opts address and returns once
+// the server identified it (cf_agent_identity, and the state frame when the
+// identity says one follows).
+//
+// A refused upgrade is reported as an *HTTPError with the response's
+// status; a socket the server closes before identifying it as a
+// *CloseError.
+func Dial(ctx context.Context, opts Options) (*Conn, error) {
+	if opts.Agent == "" {
+		return nil, errors.New("client: dial: Options.Agent is required")
+	}
+	if opts.ID == "" {
+		opts.ID = uuid.NewString()
+	}
+	wsURL, httpBase, err := instanceURLs(opts)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial: %w", err)
+	}
+	q := url.Values{"_pk": {opts.ID}}
+	for k, vs := range opts.Query {
+		if k != "_pk" {
+			q[k] = vs
+		}
+	}
+	full := wsURL + "?" + q.Encode()
+	ws, resp, err := websocket.Dial(ctx, full, &websocket.DialOptions{
+		HTTPClient: opts.HTTPClient,
+		HTTPHeader: opts.Header,
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			he := &HTTPError{StatusCode: resp.StatusCode, Status: resp.Status}
+			if resp.Body != nil {
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+				resp.Body.Close()
+				he.Body = strings.TrimSpace(string(b))
+			}
+			return nil, fmt.Errorf("client: dial %s: %w", wsURL, he)
+		}
+		return nil, fmt.Errorf("client: dial %s: %w", wsURL, err)
+	}
+	limit := opts.MaxFrameBytes
+	if limit == 0 {
+		limit = 32 << 20
+	}
+	ws.SetReadLimit(limit)
+	rctx, cancel := context.WithCancel(context.Background())
+	c := &Conn{
+		ws:       ws,
+		opts:     opts,
+		id:       opts.ID,
+		httpBase: httpBase,
+		query:    opts.Query,
+		ctx:      rctx,
+		cancel:   cancel,
+		readDone: make(chan struct{}),
+		ready:    make(chan struct{}),
+		done:     make(chan struct{}),
+		calls:    map[string]*call{},
+		subs:     map[*Subscription]struct{}{},
+	}
+	c.chat = newChat(c)
+	go c.readLoop()
+	select {
+	case <-c.ready:
+		return c, nil
+	case <-c.done:
+		err := c.Err()
+		c.Close()
+		return nil, fmt.Errorf("client: dial %s: %w", wsURL, err)
+	case <-ctx.Done():
+		c.Close()
+		return nil, fmt.Errorf("client: dial %s: waiting for identity: %w", wsURL, ctx.Err())
+	}
+}
+
+// instanceURLs returns the WebSocket URL of the instance opts address
+// (without query) and its http(s) twin.
+func instanceURLs(opts Options) (wsURL, httpURL string, err error) {
+	base := opts.BaseURL
+	if base == "" {
+		if opts.Host == "" {
+			return "", "", errors.New("Options.Host or Options.BaseURL is required")
+		}
+		base = opts.Host
+		if !strings.Contains(base, "://") {
+			scheme := "wss"
+			if isLocalHost(base) {
+				scheme = "ws"
+			}
+			base = scheme + "://" + base
+		}
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", "", fmt.Errorf("bad base URL %q: %w", base, err)
+	}
+	var wsScheme, httpScheme string
+	switch u.Scheme {
+	case "ws", "http":
+		wsScheme, httpScheme = "ws", "http"
+	case "wss", "https":
+		wsScheme, httpScheme = "wss", "https"
+	default:
+		return "", "", fmt.Errorf("bad base URL %q: scheme must be http, https, ws or wss", base)
+	}
+	prefix := opts.Prefix
+	if prefix == "" {
+		prefix = "agents"
+	}
+	name := opts.Name
+	if name == "" {
+		name = "default"
+	}
+	var p strings.Builder
+	p.WriteString(strings.TrimSuffix(u.EscapedPath(), "/"))
+	p.WriteString("/" + prefix + "/" + agent.Kebab(opts.Agent) + "/" + EncodeURIComponent(name))
+	for _, h := range opts.Sub {
+		if h.Agent == "" || h.Name == "" {
+			return "", "", fmt.Errorf("sub-agent hop %+v needs an agent and a name", h)
+		}
+		p.WriteString("/sub/" + agent.Kebab(h.Agent) + "/" + EncodeURIComponent(h.Name))
+	}
+	hostPath := u.Host + p.String()
+	return wsScheme + "://" + hostPath, httpScheme + "://" + hostPath, nil
+}
+
+// isLocalHost applies the npm client's rule for plain-text WebSockets.
+func isLocalHost(host string) bool {
+	for _, p := range []string{"localhost:", "127.0.0.1:", "192.168.", "10.", "[::ffff:7f00:1]:"} {
+		if strings.HasPrefix(host, p) {
+			return true
+		}
+	}
+	for i := 16; i <= 31; i++ {
+		if strings.HasPrefix(host, fmt.Sprintf("172.%d.", i)) {
+			return true
+		}
+	}
+	return false
+}
+
+// EncodeURIComponent percent-encodes s as JavaScript's encodeURIComponent
+// does: everything but letters, digits and -_.!~*'() is escaped. The npm
+// client encodes sub-agent names this way.
+func EncodeURIComponent(s string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		switch {
+		case ch >= 'a' && ch <= 'z', ch >= 'A' && ch <= 'Z', ch >= '0' && ch <= '9',
+			strings.IndexByte("-_.!~*'()", ch) >= 0:
+			b.WriteByte(ch)
+		default:
+			b.WriteByte('%')
+			b.WriteByte(hex[ch>>4])
+			b.WriteByte(hex[ch&15])
+		}
+	}
+	return b.String()
+}
+
+// ID returns the connection id sent as _pk.
+func (c *Conn) ID() string { return c.id }
+
+// Identity returns the class and name the server identified.
+func (c *Conn) Identity() Identity {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.identity
+}
+
+// State returns the agent's state as last sent by the server or set with
+// SetState, or nil when the agent has none.
+func (c *Conn) State() json.RawMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state
+}
+
+// DecodeState decodes the current state into v.
+func (c *Conn) DecodeState(v any) error {
+	s := c.State()
+	if s == nil {
+		return errors.New("client: the agent has no state")
+	}
+	if err := json.Unmarshal(s, v); err != nil {
+		return fmt.Errorf("client: decode state: %w", err)
+	}
+	return nil
+}
+
+// SetState sends v as the agent's new state (cf_agent_state). Like the npm
+// client it applies the state locally at once; the server persists it and
+// broadcasts it to the other connections, or answers with a
+// cf_agent_state_error (see Options.OnStateError), and the local state is
+// not rolled back.
+func (c *Conn) SetState(ctx context.Context, v any) error {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("client: set state: %w", err)
+	}
+	c.mu.Lock()
+	c.state = raw
+	c.mu.Unlock()
+	if err := c.Send(ctx, struct {
+		State json.RawMessage `json:"state"`
+		Type  string          `json:"type"`
+	}{raw, agent.FrameState}); err != nil {
+		return fmt.Errorf("client: set state: %w", err)
+	}
+	return nil
+}
+
+// Send sends v, encoded as JSON, as one text frame.
+func (c *Conn) Send(ctx context.Context, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("client: encode frame: %w", err)
+	}
+	return c.SendRaw(ctx, b)
+}
+
+// SendRaw sends data as one text frame.
+func (c *Conn) SendRaw(ctx context.Context, data []byte) error {
+	select {
+	case <-c.done:
+		return c.Err()
+	default:
+	}
+	if err := c.ws.Write(ctx, websocket.MessageText, data); err != nil {
+		select {
+		case <-c.done:
+			return c.Err()
+		default:
+		}
+		return fmt.Errorf("client: send: %w", err)
+	}
+	return nil
+}
+
+// Done is closed when the connection has ended.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err returns why the connection ended: a *CloseError when the server
+// closed it or it was lost, ErrClosed after Close, or nil while it is open.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close closes the connection (status 1000) and waits for its reading
+// goroutine. Calls in flight fail with ErrClosed, subscriptions end at
+// once. Close is idempotent.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	first := !c.closing
+	c.closing = true
+	c.mu.Unlock()
+	if first {
+		c.fail(ErrClosed)
+		// Close performs the closing handshake; the reading goroutine
+		// reads the server's answer. CloseNow is the fallback.
+		if err := c.ws.Close(websocket.StatusNormalClosure, ""); err != nil {
+			c.ws.CloseNow()
+		}
+		c.cancel()
+	}
+	<-c.readDone
+	c.mu.Lock()
+	subs := make([]*Subscription, 0, len(c.subs))
+	for s := range c.subs {
+		subs = append(subs, s)
+	}
+	c.mu.Unlock()
+	for _, s := range subs {
+		s.Close()
+	}
+	return nil
+}
+
+// readLoop reads and dispatches frames until the socket ends.
+func (c *Conn) readLoop() {
+	defer close(c.readDone)
+	for {
+		typ, data, err := c.ws.Read(c.ctx)
+		if err != nil {
+			c.fail(closeErrorOf(err))
+			return
+		}
+		if typ != websocket.MessageText {
+			continue
+		}
+		c.dispatch(data)
+	}
+}
+
+// head is the part of a server frame the dispatcher looks at.
+type head struct {
+	Type         string          `json:"type"`
+	Name         string          `json:"name"`
+	Agent        string          `json:"agent"`
+	StateFollows bool            `json:"stateFollows"`
+	State        json.RawMessage `json:"state"`
+	Error        json.RawMessage `json:"error"`
+}
+
+func (c *Conn) dispatch(data []byte) {
+	var h head
+	if json.Unmarshal(data, &h) != nil {
+		h = head{}
+	}
+	ready := false
+	switch h.Type {
+	case agent.FrameIdentity:
+		c.mu.Lock()
+		c.identity = Identity{Agent: h.Agent, Name: h.Name}
+		c.identSeen = true
+		ready = !h.StateFollows
+		c.mu.Unlock()
+	case agent.FrameState:
+		c.mu.Lock()
+		c.state = h.State
+		ready = c.identSeen
+		c.mu.Unlock()
+		if c.opts.OnState != nil {
+			c.opts.OnState(h.State)
+		}
+	case agent.FrameStateError:
+		if c.opts.OnStateError != nil {
+			var msg string
+			_ = json.Unmarshal(h.Error, &msg)
+			c.opts.OnStateError(msg)
+		}
+	case agent.FrameRPC:
+		c.handleRPC(data)
+	default:
+		c.chat.handleFrame(h.Type, data)
+	}
+	f := Frame{Type: h.Type, Data: data}
+	if c.opts.OnFrame != nil {
+		c.opts.OnFrame(f)
+	}
+	c.mu.Lock()
+	subs := make([]*Subscription, 0, len(c.subs))
+	for s := range c.subs {
+		subs = append(subs, s)
+	}
+	if ready && !c.readyDone {
+		// Dial returns only after OnFrame has seen the identity (and
+		// state) frames.
+		c.readyDone = true
+		close(c.ready)
+	}
+	c.mu.Unlock()
+	for _, s := range subs {
+		s.push(f)
+	}
+}
+
+// fail ends the connection with err (the first error wins): calls in
+// flight, chat streams and subscriptions are told.
+func (c *Conn) fail(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	close(c.done)
+	calls := c.calls
+	c.calls = map[string]*call{}
+	subs := make([]*Subscription, 0, len(c.subs))
+	for s := range c.subs {
+		subs = append(subs, s)
+	}
+	c.mu.Unlock()
+	for _, cl := range calls {
+		cl.finish(nil, err)
+	}
+	c.chat.fail(err)
+	for _, s := range subs {
+		s.end()
+	}
+}
+
+// CloseError is how a connection ended when the server closed it or it was
+// lost: the WebSocket close code and reason (1006 for a connection that
+// dropped without a close frame).
+type CloseError struct {
+	Code   int
+	Reason string
+}
+
+// Error describes the close.
+func (e *CloseError) Error() string {
+	if e.Reason == "" {
+		return fmt.Sprintf("client: connection closed with code %d", e.Code)
+	}
+	return fmt.Sprintf("client: connection closed with code %d: %s", e.Code, e.Reason)
+}
+
+// Terminal reports whether the code tells the client not to come back:
+// 1008 (policy violation) or 4000–4999, the codes on which the npm clients
+// stop reconnecting.
+func (e *CloseError) Terminal() bool {
+	return e.Code == 1008 || (e.Code >= 4000 && e.Code <= 4999)
+}
+
+// HTTPError is an HTTP request (or WebSocket upgrade) the server answered
+// with a non-success status.
+type HTTPError struct {
+	StatusCode int
+	Status     string
+	// Body is the start of the response body.
+	Body string
+}
+
+// Error describes the response.
+func (e *HTTPError) Error() string {
+	if e.Body == "" {
+		return "client: server answered " + e.Status
+	}
+	return "client: server answered " + e.Status + ": " + e.Body
+}
+
+// ErrClosed is the error of a connection closed with Close.
+var ErrClosed = errors.New("client: connection closed")
+
+func closeErrorOf(err error) error {
+	var ce websocket.CloseError
+	if errors.As(err, &ce) {
+		return &CloseError{Code: int(ce.Code), Reason: ce.Reason}
+	}
+	return &CloseError{Code: int(websocket.StatusAbnormalClosure), Reason: err.Error()}
+}
+
+func cloneValues(v url.Values) url.Values {
+	out := make(url.Values, len(v))
+	for k, vs := range v {
+		out[k] = append([]string(nil), vs...)
+	}
+	return out
+}
