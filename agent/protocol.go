@@ -253,11 +253,13 @@ func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 	go func() {
 		defer in.rt.wg.Done()
 		defer in.release()
-		c.runRPC(ctx, m, req)
+		c.runRPC(m, req)
 	}()
 }
 
-func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
+// runRPC runs one call. Its context is the runtime's, not the socket's: a
+// call goes on when the client disconnects, as in the reference.
+func (c *Conn) runRPC(m *method, req rpcRequest) {
 	in := c.inst
 	rt := in.rt
 	start := rt.clock.Now()
@@ -296,9 +298,11 @@ func (in *instance) lookupCallable(name string) (*method, error) {
 	}
 	if name != "" {
 		if _, ok := in.class.typ.MethodByName(goMethodName(name)); ok {
+			//lint:ignore ST1005 the npm client shows this exact text
 			return nil, fmt.Errorf("Method %s is not callable", name)
 		}
 	}
+	//lint:ignore ST1005 the npm client shows this exact text
 	return nil, fmt.Errorf("Method %s does not exist", name)
 }
 

@@ -93,15 +93,16 @@ func Model(o Options) *scripted.Model {
 				Name:  "clock-result",
 				Match: scripted.LastIsToolResult,
 				Reply: func(req *model.Request) scripted.Reply {
-					for _, r := range scripted.ToolResults(req) {
-						if r.IsError {
-							return scripted.Reply{scripted.Text("The clock tool failed: " + string(r.Output))}
-						}
-						var out ClockOutput
-						_ = json.Unmarshal(r.Output, &out)
-						return scripted.Reply{scripted.Text(fmt.Sprintf("The time in %s is %s.", out.Zone, out.Time))}
+					results := scripted.ToolResults(req)
+					if len(results) == 0 {
+						return scripted.Reply{scripted.Text("The clock said nothing.")}
 					}
-					return scripted.Reply{scripted.Text("The clock said nothing.")}
+					if r := results[0]; r.IsError {
+						return scripted.Reply{scripted.Text("The clock tool failed: " + string(r.Output))}
+					}
+					var out ClockOutput
+					_ = json.Unmarshal(results[0].Output, &out)
+					return scripted.Reply{scripted.Text(fmt.Sprintf("The time in %s is %s.", out.Zone, out.Time))}
 				},
 			},
 			scripted.Rule{
