@@ -113,25 +113,15 @@ func New(cfg Config) *Model {
 	}
 }
 
-// errStopped reports that the consumer broke out of the loop.
-var errStopped = errors.New("consumer stopped")
-
 // Stream implements model.Model.
 func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.Event, error] {
-	return func(yield func(model.Event, error) bool) {
-		params, err := m.params(req)
-		if err != nil {
-			yield(model.Event{}, fmt.Errorf("anthropic: request: %w", err))
-			return
-		}
-		emit := func(ev model.Event) bool { return yield(ev, nil) }
-		err = m.policy.Do(ctx, m.classify, func(ctx context.Context) (bool, error) {
-			return m.attempt(ctx, params, emit)
-		})
-		if err != nil && !errors.Is(err, errStopped) {
-			yield(model.Event{}, fmt.Errorf("anthropic: stream: %w", err))
-		}
+	params, err := m.params(req)
+	if err != nil {
+		return retry.Failed(fmt.Errorf("anthropic: request: %w", err))
 	}
+	return m.policy.Stream(ctx, "anthropic", m.classify, func(ctx context.Context, emit func(model.Event) bool) (bool, error) {
+		return m.attempt(ctx, params, emit)
+	})
 }
 
 // attempt runs one streaming request, passing events to emit. It reports
@@ -149,7 +139,7 @@ func (m *Model) attempt(ctx context.Context, params sdk.MessageNewParams, emit f
 	st := streamState{tools: map[int64]*toolUse{}}
 	for stream.Next() {
 		if !st.event(stream.Current(), send) {
-			return true, errStopped
+			return true, retry.ErrStopped
 		}
 		if st.done {
 			return true, nil

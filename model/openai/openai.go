@@ -98,25 +98,15 @@ func New(cfg Config) *Model {
 	}
 }
 
-// errStopped reports that the consumer broke out of the loop.
-var errStopped = errors.New("consumer stopped")
-
 // Stream implements model.Model.
 func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.Event, error] {
-	return func(yield func(model.Event, error) bool) {
-		params, err := m.params(req)
-		if err != nil {
-			yield(model.Event{}, fmt.Errorf("openai: request: %w", err))
-			return
-		}
-		emit := func(ev model.Event) bool { return yield(ev, nil) }
-		err = m.policy.Do(ctx, m.classify, func(ctx context.Context) (bool, error) {
-			return m.attempt(ctx, params, emit)
-		})
-		if err != nil && !errors.Is(err, errStopped) {
-			yield(model.Event{}, fmt.Errorf("openai: stream: %w", err))
-		}
+	params, err := m.params(req)
+	if err != nil {
+		return retry.Failed(fmt.Errorf("openai: request: %w", err))
 	}
+	return m.policy.Stream(ctx, "openai", m.classify, func(ctx context.Context, emit func(model.Event) bool) (bool, error) {
+		return m.attempt(ctx, params, emit)
+	})
 }
 
 // attempt runs one streaming request, passing events to emit. It reports
@@ -134,14 +124,14 @@ func (m *Model) attempt(ctx context.Context, params sdk.ChatCompletionNewParams,
 	st := streamState{byIndex: map[int64]*toolCall{}}
 	for stream.Next() {
 		if !st.chunk(stream.Current(), send) {
-			return true, errStopped
+			return true, retry.ErrStopped
 		}
 	}
 	if err := stream.Err(); err != nil {
 		return progressed, err
 	}
 	if !st.finish(send) {
-		return true, errStopped
+		return true, retry.ErrStopped
 	}
 	return true, nil
 }
