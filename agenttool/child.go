@@ -181,7 +181,14 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 		return // shutting down: the run resumes with the process
 	}
 	status, errText := StatusCompleted, ""
+	h.mu.Lock()
+	canceled := cr.reason
+	h.mu.Unlock()
 	switch {
+	case err != nil && canceled != "":
+		// The turn was canceled here while still queued; the chat may not
+		// have recorded its end yet (WaitTurn answers "not finished").
+		status, errText = StatusAborted, canceled
 	case err != nil:
 		status, errText = StatusError, msgStaleChild
 	case res.Outcome == chat.OutcomeAborted:
@@ -294,10 +301,11 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 		cr.reason = reason
 	}
 	h.mu.Unlock()
-	if ok {
-		if cb, has := chatOf(h.a); has && cb.CancelTurn(cr.streamID) {
-			return nil
-		}
+	if cb, has := chatOf(h.a); ok && has {
+		// Its watcher records the end: aborted if the turn was still
+		// running, its real result if the turn had already ended.
+		cb.CancelTurn(cr.streamID)
+		return nil
 	}
 	// Not running here: record the end directly.
 	now := h.rt.Clock().Now().UnixMilli()

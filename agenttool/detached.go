@@ -424,7 +424,10 @@ func (h *host) resumeDetached(ctx context.Context) {
 	if len(rows) == 0 {
 		return
 	}
-	if err := h.armReconcile(ctx, true); err != nil {
+	// Keep a schedule that exists: the start may be the tick's own
+	// hydration (after an eviction), and resetting would cancel the firing
+	// tick and leave two schedules once it reschedules itself.
+	if err := h.armReconcile(ctx, false); err != nil {
 		h.b.Logger().Error("agenttool: arm reconcile", "err", err)
 	}
 	for _, row := range rows {

@@ -28,7 +28,7 @@ func (h *host) notifyFinish(ctx context.Context, row runRow, run Run, res Result
 		return nil
 	}
 	id := "detached-finish:" + run.RunID + ":" + string(res.Status)
-	meta, _ := json.Marshal(map[string]any{"source": row.det.NotifySource, "runId": run.RunID,
+	meta, _ := json.Marshal(map[string]any{"source": notifySource(row), "runId": run.RunID,
 		"agentType": run.AgentType, "status": res.Status})
 	msg := message.Message{ID: id, Role: message.RoleUser, Metadata: meta,
 		Parts: []message.Part{{Type: message.PartText, Text: text}}}
@@ -36,15 +36,41 @@ func (h *host) notifyFinish(ctx context.Context, row runRow, run Run, res Result
 	return err
 }
 
+// defaultNotifySource is metadata.source of notifications of a run that
+// names no NotifySource.
+const defaultNotifySource = "detached-agent-tool"
+
+func notifySource(row runRow) string {
+	if row.det.NotifySource != "" {
+		return row.det.NotifySource
+	}
+	return defaultNotifySource
+}
+
+// defaultCompletionText is the seed's formatDetachedCompletion.
 func defaultCompletionText(run Run, res Result) string {
 	head := fmt.Sprintf("Background task %q (run %s)", run.AgentType, run.RunID)
 	switch res.Status {
 	case StatusCompleted:
+		if res.Summary == "" {
+			return head + " finished successfully."
+		}
 		return head + " finished:\n\n" + res.Summary
+	case StatusAborted:
+		return head + " was cancelled."
 	case StatusInterrupted:
-		return head + " was interrupted (" + string(res.Reason) + "): " + res.Error
+		if res.Reason == ReasonBudgetExceeded {
+			return head + " ran out of time before completing and was stopped."
+		}
+		if res.Error == "" {
+			return head + " was interrupted before completing."
+		}
+		return head + " was interrupted before completing: " + res.Error
 	default:
-		return head + " ended with status " + string(res.Status) + ": " + res.Error
+		if res.Error == "" {
+			return head + " failed."
+		}
+		return head + " failed: " + res.Error
 	}
 }
 
@@ -84,7 +110,7 @@ func (h *host) milestoneNotice(ctx context.Context, row runRow, m Milestone) {
 		return
 	}
 	id := "detached-ms:" + row.RunID + ":" + m.Name
-	meta, _ := json.Marshal(map[string]any{"source": row.det.NotifySource, "runId": row.RunID, "milestone": m.Name})
+	meta, _ := json.Marshal(map[string]any{"source": notifySource(row), "runId": row.RunID, "milestone": m.Name})
 	parts := []message.Part{{Type: message.PartText, Text: text}}
 	actx := agent.WithAgent(ctx, h.a)
 	if mn.Mode == MilestoneReact {

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"log/slog"
 
+	"github.com/google/uuid"
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/chat"
@@ -72,6 +74,13 @@ type emitter struct {
 	persist bool
 	ctx     context.Context // the turn's context, for the trailing send
 	timer   clockwork.Timer
+	seq     uint64 // sends decided so far (guarded by host.mu)
+
+	// sendMu orders the sends: a send decided before another one that
+	// already went out is stale and dropped, so neither the clients nor
+	// the stored snapshot ever go back to an older signal.
+	sendMu sync.Mutex
+	sent   uint64 // seq of the last send that went out (guarded by sendMu)
 }
 
 // ReportProgress reports progress of the agent-tool run whose child turn
@@ -122,8 +131,10 @@ func ReportProgress(ctx context.Context, p Progress, persist ...bool) error {
 		em.timer.Stop()
 		em.timer = nil
 	}
+	em.seq++
+	seq := em.seq
 	h.mu.Unlock()
-	return h.emitProgress(ctx, cr, p, keep)
+	return h.emitProgress(ctx, cr, em, seq, p, keep)
 }
 
 func warnOutsideRun(ctx context.Context) {
@@ -156,8 +167,10 @@ func (h *host) flushProgress(cr *childRun) {
 	}
 	p, keep, ctx := *em.pending, em.persist, em.ctx
 	em.pending, em.timer, em.last = nil, nil, h.rt.Clock().Now()
+	em.seq++
+	seq := em.seq
 	h.mu.Unlock()
-	if err := h.emitProgress(ctx, cr, p, keep); err != nil {
+	if err := h.emitProgress(ctx, cr, em, seq, p, keep); err != nil {
 		h.b.Logger().Debug("agenttool: trailing progress", "run", cr.runID, "err", err)
 	}
 }
@@ -170,8 +183,15 @@ type progressData struct {
 }
 
 // emitProgress writes a transient progress chunk into the child's turn and
-// stores the snapshot.
-func (h *host) emitProgress(ctx context.Context, cr *childRun, p Progress, persist bool) error {
+// stores the snapshot, unless a later send went out first. Each chunk has
+// its own id: clients deduplicate progress frames by id.
+func (h *host) emitProgress(ctx context.Context, cr *childRun, em *emitter, seq uint64, p Progress, persist bool) error {
+	em.sendMu.Lock()
+	defer em.sendMu.Unlock()
+	if seq < em.sent {
+		return nil
+	}
+	em.sent = seq
 	live, err := json.Marshal(progressData{p.Fraction, p.Message, p.Phase, p.Data})
 	if err != nil {
 		return fmt.Errorf("agenttool: marshal progress: %w", err)
@@ -181,7 +201,7 @@ func (h *host) emitProgress(ctx context.Context, cr *childRun, p Progress, persi
 		snap.Data = p.Data
 	}
 	stored, _ := json.Marshal(snap)
-	if err := chat.WriteChunk(ctx, message.Data("agent-progress", "progress", live, true)); err != nil {
+	if err := chat.WriteChunk(ctx, message.Data("agent-progress", "progress-"+uuid.NewString(), live, true)); err != nil {
 		return err
 	}
 	now := h.rt.Clock().Now().UnixMilli()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -65,6 +66,39 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 	}
 	run := Run{RunID: runID, ParentToolCallID: opts.ParentToolCallID, AgentType: class, InputPreview: preview,
 		Status: StatusStarting, Display: opts.Display, DisplayOrder: opts.DisplayOrder, StartedAt: h.rt.Clock().Now()}
+	// An awaited run is live from before its row is written, so that
+	// CancelAgentTool (and clear) reach it while it is being dispatched,
+	// and a second dispatch of the same id waits for it instead of
+	// finding a row whose child has not started yet.
+	awaitCtx := ctx
+	unregister := func() {}
+	if !det.Detached {
+		runCtx, cancelRun := context.WithCancelCause(ctx)
+		defer cancelRun(nil)
+		pre := &liveRun{cancel: cancelRun, done: make(chan struct{})}
+		h.mu.Lock()
+		other, busy := h.live[runID]
+		if !busy {
+			h.live[runID] = pre
+		}
+		h.mu.Unlock()
+		if busy {
+			return h.waitLive(ctx, other, runID)
+		}
+		var once sync.Once
+		unregister = func() {
+			once.Do(func() {
+				h.mu.Lock()
+				if h.live[runID] == pre {
+					delete(h.live, runID)
+				}
+				h.mu.Unlock()
+				close(pre.done)
+			})
+		}
+		defer unregister()
+		awaitCtx = context.WithValue(runCtx, preKey{}, pre)
+	}
 	maxActive := 0
 	if l, ok := parent.(ConcurrencyLimiter); ok {
 		maxActive = l.MaxConcurrentAgentTools()
@@ -74,6 +108,7 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 		return Result{}, fmt.Errorf("agenttool: record run: %w", err)
 	}
 	if exists {
+		unregister()
 		row, _, err := h.readRun(ctx, runID)
 		if err != nil {
 			return Result{}, fmt.Errorf("agenttool: read run: %w", err)
@@ -120,7 +155,22 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 		h.follow(row)
 		return Result{RunID: runID, AgentType: class, Status: StatusRunning}, nil
 	}
-	return h.await(ctx, row, child, cr, reattachLimits{})
+	return h.await(awaitCtx, row, child, cr, reattachLimits{})
+}
+
+// preKey marks the context of a dispatch whose run was registered live
+// before its row was written; await takes the registration over.
+type preKey struct{}
+
+// waitLive waits for another caller's run and returns its stored result.
+func (h *host) waitLive(ctx context.Context, other *liveRun, runID string) (Result, error) {
+	select {
+	case <-other.done:
+	case <-ctx.Done():
+		return Result{}, context.Cause(ctx)
+	}
+	r, _, err := h.readRun(context.WithoutCancel(ctx), runID)
+	return r.Result(), err
 }
 
 // dispatchFailed records a run whose child could not be started.
@@ -149,6 +199,12 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool) (Resul
 			h.follow(row)
 		}
 		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusRunning}, nil
+	}
+	h.mu.Lock()
+	other, busy := h.live[row.RunID]
+	h.mu.Unlock()
+	if busy {
+		return h.waitLive(ctx, other, row.RunID)
 	}
 	child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 	if err != nil {
@@ -182,16 +238,10 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	defer cancel(nil)
 	lr := &liveRun{cancel: cancel, done: make(chan struct{})}
 	h.mu.Lock()
-	if other, ok := h.live[row.RunID]; ok {
+	if other, ok := h.live[row.RunID]; ok && other != ctx.Value(preKey{}) {
 		// Another caller already awaits this run: wait for its result.
 		h.mu.Unlock()
-		select {
-		case <-other.done:
-		case <-ctx.Done():
-			return Result{}, context.Cause(ctx)
-		}
-		r, _, err := h.readRun(context.WithoutCancel(ctx), row.RunID)
-		return r.Result(), err
+		return h.waitLive(ctx, other, row.RunID)
 	}
 	h.live[row.RunID] = lr
 	h.mu.Unlock()
@@ -221,7 +271,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		defer window.Stop()
 		windowC = window.Chan()
 	}
-	stop, err := cb.FollowStream(runCtx, cr.streamID, -1, func(seq int, body string) {
+	stop, err := cb.FollowStream(context.WithoutCancel(runCtx), cr.streamID, -1, func(seq int, body string) {
 		if idle != nil {
 			idle.Reset(lim.noProgress)
 		}
@@ -249,7 +299,9 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		}
 	case <-runCtx.Done():
 		reason := causeText(runCtx)
-		if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, reason); err != nil {
+		if h.rt.Context().Err() != nil {
+			// Shutting down, not canceled: the run resumes with the process.
+		} else if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, reason); err != nil {
 			h.b.Logger().Error("agenttool: cancel child", "run", row.RunID, "err", err)
 		}
 		select {
