@@ -66,9 +66,13 @@ type host struct {
 	live      map[string]*liveRun  // parent: runs awaited in this process
 	admitted  map[*agent.Conn]bool // connections whose replay has begun
 	replaying map[*agent.Conn]*[]pendingFrame
-	hasRuns   int                  // -1 unknown, 0 none, 1 some
-	child     map[string]*childRun // child: runs executing here
-	stale     []runRow             // parent: runs in flight when hydrated
+	// replayed holds, per connection, the last sequence its replay sent of
+	// runs that were in flight: a forwarder that catches up later sends
+	// those frames again, and the connection must not get them twice.
+	replayed map[*agent.Conn]map[string]int64
+	hasRuns  int                  // -1 unknown, 0 none, 1 some
+	child    map[string]*childRun // child: runs executing here
+	stale    []runRow             // parent: runs in flight when hydrated
 }
 
 var (
@@ -101,6 +105,7 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	h.live = map[string]*liveRun{}
 	h.replaying = map[*agent.Conn]*[]pendingFrame{}
 	h.admitted = map[*agent.Conn]bool{}
+	h.replayed = map[*agent.Conn]map[string]int64{}
 	h.child = map[string]*childRun{}
 	h.hasRuns = -1
 	// Runs in flight before the agent's own OnStart are the ones to
@@ -118,6 +123,7 @@ func (h *host) LayerClose(ctx context.Context, conn *agent.Conn) {
 	h.mu.Lock()
 	delete(h.replaying, conn)
 	delete(h.admitted, conn)
+	delete(h.replayed, conn)
 	h.mu.Unlock()
 }
 
@@ -134,6 +140,14 @@ func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
 		if buf, ok := h.replaying[c]; ok {
 			*buf = append(*buf, pendingFrame{runID: ev.RunID, seq: seq, frame: frame})
 			continue
+		}
+		if marks := h.replayed[c]; marks != nil {
+			if hw, ok := marks[ev.RunID]; ok {
+				if seq <= hw {
+					continue // the replay sent it already
+				}
+				delete(marks, ev.RunID) // the forwarder has caught up
+			}
 		}
 		c.SendRaw(frame)
 	}

@@ -26,7 +26,7 @@ func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	if none {
 		return
 	}
-	sent := h.replay(ctx, conn)
+	sent, active := h.replay(ctx, conn)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	buf, ok := h.replaying[conn]
@@ -34,22 +34,37 @@ func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	if !ok {
 		return
 	}
+	// The replay read the chunks of runs in flight from their children,
+	// which can be ahead of what the parent has forwarded so far: live
+	// frames up to the replayed sequence are dropped for this connection
+	// until the forwarder passes it.
+	marks := map[string]int64{}
+	for id := range active {
+		if hw, ok := sent[id]; ok {
+			marks[id] = hw
+		}
+	}
 	for _, f := range *buf {
 		if max, replayed := sent[f.runID]; replayed && f.seq <= max {
 			continue
 		}
+		delete(marks, f.runID)
 		conn.SendRaw(f.frame)
+	}
+	if len(marks) > 0 {
+		h.replayed[conn] = marks
 	}
 }
 
 // replay sends the registry to conn and returns the highest sequence sent
-// per run.
-func (h *host) replay(ctx context.Context, conn *agent.Conn) map[string]int64 {
+// per run, and the runs that were in flight.
+func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, map[string]bool) {
 	sent := map[string]int64{}
+	active := map[string]bool{}
 	runs, err := h.listRuns(ctx, "")
 	if err != nil {
 		h.b.Logger().Error("agenttool: replay", "err", err)
-		return sent
+		return sent, active
 	}
 	h.mu.Lock()
 	if len(runs) == 0 {
@@ -59,7 +74,7 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) map[string]int64 {
 	}
 	h.mu.Unlock()
 	if len(runs) == 0 {
-		return sent
+		return sent, active
 	}
 	stored, err := h.storedChunks(ctx)
 	if err != nil {
@@ -78,6 +93,7 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) map[string]int64 {
 		chunks := stored[r.RunID]
 		if r.Status.Active() {
 			chunks = h.liveChunks(ctx, r)
+			active[r.RunID] = true
 		}
 		for _, c := range compact(chunks) {
 			send(eventSeq(c.seq, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: c.body})
@@ -86,7 +102,7 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) map[string]int64 {
 			send(terminalSeq(r.marks), terminalEvent(r.Result()))
 		}
 	}
-	return sent
+	return sent, active
 }
 
 type chunk struct {
