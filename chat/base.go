@@ -58,6 +58,7 @@ type core struct {
 	awaiting map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
 	waiters  map[string][]chan TurnResult
 	follow   map[string]map[*follower]struct{} // stream id → live followers
+	ending   map[string]bool                   // canceled queued turns whose end is being recorded
 	release  func()                            // KeepAlive of the worker
 }
 
@@ -73,6 +74,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		pending: map[*agent.Conn]string{}, awaiting: map[*agent.Conn]bool{}, admitted: map[*agent.Conn]bool{},
 		waiters: map[string][]chan TurnResult{},
 		follow:  map[string]map[*follower]struct{}{},
+		ending:  map[string]bool{},
 	}
 	b.c = c
 	var unfinished []streamRow
@@ -153,7 +155,7 @@ func (b *Base) SaveMessages(ctx context.Context, msgs []message.Message) (TurnRe
 func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
 	c := b.c
 	c.mu.Lock()
-	live := c.active != nil && c.active.row.ID == id
+	live := (c.active != nil && c.active.row.ID == id) || c.ending[id]
 	for _, t := range c.queue {
 		live = live || t.row.ID == id
 	}

@@ -82,11 +82,14 @@ func (c *core) cancel(id string, cause error) bool {
 	for i, t := range c.queue {
 		if t.row.ID == id {
 			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
+			// Still waitable until its end is recorded.
+			c.ending[id] = true
 			c.mu.Unlock()
 			t.cancel(cause)
 			c.rt.Go(func(ctx context.Context) {
 				res := c.finishTurn(ctx, t, OutcomeAborted, "")
 				c.mu.Lock()
+				delete(c.ending, id)
 				waiters := c.waiters[id]
 				delete(c.waiters, id)
 				c.mu.Unlock()
