@@ -1,15 +1,24 @@
 # Agentry: `make test` runs every test (Go with -race, the real npm clients
-# against the Go server). It installs the npm packages the tests need.
+# against the Go server, the web playground in Chromium) and checks that the
+# playground's committed bundle matches its sources. It installs the npm
+# packages the tests need; the browser test needs Debian's chromium.
 GO ?= go
 
-.PHONY: test npm lint bench
+.PHONY: test npm web lint bench
 
 test: npm
+	web/check-bundle.sh
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 npm:
 	cd test/npm && npm ci --no-audit --no-fund --loglevel=error
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+	cd test/browser && npm ci --no-audit --no-fund --loglevel=error
+
+# web rebuilds the playground bundle (web/dist, committed and embedded).
+web:
+	cd web && npm ci --no-audit --no-fund --loglevel=error && npm run build
 
 lint:
 	gofmt -l . | (! grep .)

@@ -1,6 +1,8 @@
 // Command agentry runs Agentry's demo server.
 //
 //	agentry serve [--addr 127.0.0.1:8787] [--data ./data]
+//	agentry chat [--addr 127.0.0.1:8787] [--name default]
+//	agentry runs [--addr 127.0.0.1:8787] [--name default] list|inspect <runId>|cancel <runId>|clear
 package main
 
 import (
@@ -17,13 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/agenttool"
-	"github.com/agentry/agentry/chat"
-	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
-	"github.com/agentry/agentry/examples/counter"
-	"github.com/agentry/agentry/examples/echochat"
-	"github.com/agentry/agentry/server"
+	"github.com/agentry/agentry/internal/demo"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
@@ -36,6 +32,10 @@ func main() {
 	switch os.Args[1] {
 	case "serve":
 		err = serve(os.Args[2:])
+	case "chat":
+		err = runChat(context.Background(), os.Args[2:], os.Stdin, os.Stdout)
+	case "runs":
+		err = runRuns(context.Background(), os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":
 		usage()
 		return
@@ -43,6 +43,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "agentry: unknown command %q\n", os.Args[1])
 		usage()
 		os.Exit(2)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "agentry:", err)
@@ -54,7 +57,9 @@ func usage() {
 	fmt.Fprintln(os.Stderr, `usage: agentry <command> [flags]
 
 commands:
-  serve   run the demo server (agents over HTTP and WebSocket)`)
+  serve   run the demo server (agents over HTTP and WebSocket)
+  chat    chat with the Assistant of a running server, with live helper runs
+  runs    list, inspect, cancel or clear the Assistant's helper runs`)
 }
 
 func serve(args []string) error {
@@ -80,31 +85,18 @@ func serve(args []string) error {
 		return err
 	}
 	defer db.Close()
-	rt, err := agent.New(ctx, agent.Options{DB: db, Logger: logger, IdleTimeout: *idle})
+	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay})
 	if err != nil {
 		return err
 	}
-	chat.Configure(rt, chat.Config{})
-	agenttool.Install(rt, agenttool.Options{})
-	models, provider := agentsastools.FromEnv(*delay)
-	logger.Info("agents-as-tools demo", "model", provider)
-	classes := append([]agent.Class{counter.Class(), echochat.Class(echochat.Options{Delay: *delay})},
-		agentsastools.Classes(agentsastools.Options{Models: models})...)
-	for _, c := range classes {
-		if err := rt.Register(c); err != nil {
-			return err
-		}
-	}
-	if err := rt.Start(ctx); err != nil {
-		return err
-	}
-	srv := server.New(server.Options{Runtime: rt})
+	logger.Info("agents-as-tools demo", "model", d.Provider)
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
+		d.Close()
 		return err
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "data", *data)
+	hs := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "playground", "http://"+ln.Addr().String()+"/", "data", *data)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
@@ -118,6 +110,5 @@ func serve(args []string) error {
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		logger.Warn("http shutdown", "err", err)
 	}
-	srv.Close()
-	return rt.Close()
+	return d.Close()
 }

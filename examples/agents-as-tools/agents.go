@@ -38,7 +38,7 @@ func Classes(o Options) []agent.Class {
 	m := o.Models
 	return []agent.Class{
 		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant} },
-			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns"}},
+			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns", "inspectHelperRun"}},
 		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher} }},
 		{Name: "Planner", New: func() agent.Agent { return &Planner{model: m.Planner} }},
 	}
@@ -184,6 +184,30 @@ func (a *Assistant) CancelBackground(ctx context.Context, runID string) error {
 // ListHelperRuns returns the helper runs, for clients that show a list.
 func (a *Assistant) ListHelperRuns(ctx context.Context) ([]agenttool.Run, error) {
 	return agenttool.ListAgentToolRuns(ctx, a)
+}
+
+// HelperRunDetail is what inspectHelperRun returns: the registry row and
+// the child's own record of the run (nil while the child does not know it).
+type HelperRunDetail struct {
+	Run        agenttool.Run         `json:"run"`
+	Inspection *agenttool.Inspection `json:"inspection"`
+}
+
+// InspectHelperRun returns one helper run with the child's view of it:
+// progress, milestones, summary or error.
+func (a *Assistant) InspectHelperRun(ctx context.Context, runID string) (HelperRunDetail, error) {
+	run, ok, err := agenttool.GetAgentToolRun(ctx, a, runID)
+	if err != nil {
+		return HelperRunDetail{}, err
+	}
+	if !ok {
+		return HelperRunDetail{}, fmt.Errorf("no helper run %q", runID)
+	}
+	insp, err := agenttool.InspectAgentToolRun(ctx, a, runID)
+	if err != nil {
+		return HelperRunDetail{}, fmt.Errorf("inspect helper run %q: %w", runID, err)
+	}
+	return HelperRunDetail{Run: run, Inspection: insp}, nil
 }
 
 // OnBeforeSubAgent lets clients drill into Researcher and Planner runs the

@@ -115,3 +115,15 @@ func TestBackgroundResearch(t *testing.T) {
 		t.Fatalf("runs %+v", runs)
 	}
 }
+
+func TestTopic(t *testing.T) {
+	for in, want := range map[string]string{
+		"Research the history of TLS in the background": "the history of TLS",
+		"Research solar panels, don't wait":             "solar panels",
+		"Please research quantum computing":             "quantum computing",
+	} {
+		if got := agentsastools.Topic(in); got != want {
+			t.Errorf("Topic(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -54,12 +54,15 @@ var (
 	versusRe     = regexp.MustCompile(`(?i)^(.+?)\s+(?:vs\.?|versus)\s+(.+?)[.?!]*$`)
 	backgroundRe = regexp.MustCompile(`(?i)\b(background|don'?t wait|do not wait|no need to wait|later)\b`)
 	planRe       = regexp.MustCompile(`(?i)\bplan\b`)
-	fillerRe     = regexp.MustCompile(`(?i)^(please\s+)?(can you\s+)?(research|look into|find out about|tell me about|in the background,?|plan( how to)?|make a plan (for|to))\s+`)
+	// backgroundPhraseRe is the whole phrase a background request adds.
+	backgroundPhraseRe = regexp.MustCompile(`(?i),?\s*\b(in the background|as a background task|don'?t wait( for it)?|do not wait( for it)?|no need to wait|later)\b`)
+	fillerRe           = regexp.MustCompile(`(?i)^(please\s+)?(can you\s+)?(research|look into|find out about|tell me about|in the background,?|plan( how to)?|make a plan (for|to))\s+`)
 )
 
 // topic strips request phrasing from a user message.
 func topic(s string) string {
 	s = strings.TrimSpace(s)
+	s = backgroundPhraseRe.ReplaceAllString(s, "")
 	s = backgroundRe.ReplaceAllString(s, "")
 	for {
 		t := strings.TrimSpace(fillerRe.ReplaceAllString(s, ""))

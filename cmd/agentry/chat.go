@@ -1,0 +1,716 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/client"
+	"github.com/agentry/agentry/client/agenttools"
+)
+
+// Chat frames the terminal renders (the client package keeps its own
+// names unexported).
+const (
+	frameChatResponse = "cf_agent_use_chat_response"
+	frameChatMessages = "cf_agent_chat_messages"
+)
+
+const chatUsage = `usage: agentry chat [--addr 127.0.0.1:8787] [--name default]
+
+Chat with the Assistant of a running agentry server: every line read from
+standard input is sent as a message. The answer streams as it arrives, and
+each helper run is shown with its progress, phase, milestones and result;
+background runs and the notification turns they cause are shown too.
+Ctrl-C cancels the turn in flight; a second Ctrl-C, or end of input, exits.
+`
+
+// errQuit ends a chat session without an error (a second Ctrl-C).
+var errQuit = errors.New("quit")
+
+// runChat is the chat command: a terminal client for the Assistant that
+// reads messages from in and writes the conversation to out. Ctrl-C
+// (os.Interrupt) cancels the turn in flight; a second one exits.
+func runChat(ctx context.Context, args []string, in io.Reader, out io.Writer) error {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt)
+	defer signal.Stop(sig)
+	return chatSession(ctx, args, in, out, sig)
+}
+
+// chatSession runs the chat command with interrupts delivered on intr.
+func chatSession(ctx context.Context, args []string, in io.Reader, out io.Writer, intr <-chan os.Signal) error {
+	fs := flag.NewFlagSet("chat", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), chatUsage); fs.PrintDefaults() }
+	var cf connFlags
+	cf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("chat: unexpected arguments %q", fs.Args())
+	}
+
+	q := newFrameQueue()
+	// An interrupt while connecting gives up.
+	sctx, stopSetup := interruptible(ctx, intr)
+	conn, err := cf.dial(sctx, client.Options{OnFrame: q.push})
+	if err != nil {
+		stopSetup()
+		return fmt.Errorf("chat: %w", err)
+	}
+	defer conn.Close()
+	scr := newScreen(out, isTerminal(out), agenttools.NewTracker(nil))
+	// Notices already in the transcript are history, not news.
+	if msgs, err := conn.Chat().Messages(sctx); err == nil {
+		scr.seenNotices(msgs)
+	}
+	setupErr := context.Cause(sctx)
+	stopSetup()
+	if setupErr != nil {
+		return fmt.Errorf("chat: %w", setupErr)
+	}
+
+	// One goroutine renders every frame, the connect replay included, in
+	// the order the server sent them.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer scr.end() // after the rendering goroutine is done
+	defer wg.Wait()
+	defer close(stop)
+	wg.Go(func() {
+		q.drain(scr.handle, conn.Done(), stop)
+		scr.lost()
+	})
+
+	quit := make(chan struct{})
+	defer close(quit)
+	lines, inputErr := readLines(in, quit)
+
+	echo := !isTerminal(in)
+	scr.line(fmt.Sprintf("connected to %s %q at %s; Ctrl-C cancels a turn, Ctrl-D exits", assistantClass, cf.name, cf.addr))
+	for {
+		select {
+		case text, ok := <-lines:
+			if !ok {
+				if err := inputErr(); err != nil {
+					return fmt.Errorf("chat: read input: %w", err)
+				}
+				return nil
+			}
+			text = strings.TrimSpace(text)
+			if text == "" {
+				continue
+			}
+			if echo {
+				scr.line("you> " + text)
+			}
+			err := chatTurn(ctx, conn, scr, text, intr)
+			if errors.Is(err, errQuit) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("chat: %w", err)
+			}
+		case <-intr:
+			return nil
+		case <-conn.Done():
+			return fmt.Errorf("chat: %w", conn.Err())
+		case <-ctx.Done():
+			return fmt.Errorf("chat: %w", ctx.Err())
+		}
+	}
+}
+
+// chatTurn sends text as a turn and waits until the screen has rendered its
+// end. An interrupt cancels the turn; a second one returns errQuit.
+func chatTurn(ctx context.Context, conn *client.Conn, scr *screen, text string, intr <-chan os.Signal) error {
+	s, err := conn.Chat().Send(ctx, text)
+	if err != nil {
+		return err
+	}
+	done := scr.turnDone(s.ID())
+	cancelled := false
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-intr:
+			if cancelled {
+				return errQuit
+			}
+			cancelled = true
+			scr.line("cancelling the turn (Ctrl-C again to exit)")
+			if err := conn.Chat().Cancel(ctx, s.ID()); err != nil {
+				return err
+			}
+		case <-conn.Done():
+			return conn.Err()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// interruptible returns a context canceled by an interrupt on intr; stop
+// releases it and stops watching intr.
+func interruptible(ctx context.Context, intr <-chan os.Signal) (context.Context, func()) {
+	ictx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-intr:
+			cancel(errors.New("interrupted"))
+		case <-ictx.Done():
+		}
+	}()
+	return ictx, func() {
+		cancel(nil)
+		<-done
+	}
+}
+
+// frameQueue hands the frames of a connection from its reading goroutine
+// (Options.OnFrame, which must not block) to the rendering goroutine, in
+// order and without bound.
+type frameQueue struct {
+	mu     sync.Mutex
+	frames []client.Frame
+	signal chan struct{} // capacity 1: frames were queued
+}
+
+func newFrameQueue() *frameQueue { return &frameQueue{signal: make(chan struct{}, 1)} }
+
+// push queues f; it never blocks.
+func (q *frameQueue) push(f client.Frame) {
+	q.mu.Lock()
+	q.frames = append(q.frames, f)
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+// take removes and returns the queued frames.
+func (q *frameQueue) take() []client.Frame {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	fs := q.frames
+	q.frames = nil
+	return fs
+}
+
+// drain calls handle with every frame queued, in order, until stop is
+// closed, or until ended is closed and the frames queued by then are
+// handled.
+func (q *frameQueue) drain(handle func(client.Frame), ended, stop <-chan struct{}) {
+	for {
+		for _, f := range q.take() {
+			handle(f)
+		}
+		select {
+		case <-q.signal:
+		case <-ended:
+			// The connection's reading goroutine has pushed its last frame.
+			for _, f := range q.take() {
+				handle(f)
+			}
+			return
+		case <-stop:
+			return
+		}
+	}
+}
+
+// readLines reads lines from in on a goroutine of its own and delivers them
+// on the returned channel, which is closed at the end of the input; the
+// returned function reports a read error after that. The goroutine stops
+// delivering when quit is closed (it may stay blocked in a Read of in until
+// in is closed).
+func readLines(in io.Reader, quit <-chan struct{}) (<-chan string, func() error) {
+	lines := make(chan string)
+	var err error
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(in)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			case <-quit:
+				return
+			}
+		}
+		err = sc.Err()
+	}()
+	// err is written before lines is closed and read after.
+	return lines, func() error { return err }
+}
+
+// isTerminal reports whether v is a character device (an interactive
+// terminal).
+func isTerminal(v any) bool {
+	f, ok := v.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// screen renders a chat session: the assistant's text as it streams, a
+// line per helper run event (with the progress line redrawn in place on a
+// terminal), notices of background runs and the end of every turn. Its
+// methods are safe for concurrent use; frames are handled by one goroutine.
+type screen struct {
+	tty bool
+	tr  *agenttools.Tracker // fed by handle, on the rendering goroutine
+
+	mu       sync.Mutex
+	w        io.Writer
+	werr     error  // the first write error; later writes are dropped
+	midLine  bool   // the cursor is not at the start of a line
+	live     string // the run whose progress line is the open line (terminal only)
+	textTurn string // the turn whose text the current line holds
+	runs     map[string]*runView
+	nruns    int // runs announced so far; numbers them
+	turns    map[string]*turnView
+	notices  map[string]bool
+	gone     bool // the connection ended
+}
+
+// runView is what the screen has shown of a run.
+type runView struct {
+	announced  bool             // the started line was printed
+	label      string           // "[n] Name"
+	milestones int              // milestones shown (or known from a replay)
+	progress   string           // progressKey of the progress shown
+	status     agenttool.Status // status shown
+	frac       *float64         // latest fraction reported
+}
+
+// turnView is the screen's record of a chat turn.
+type turnView struct {
+	errText string
+	texted  bool   // some of its text was shown
+	pending string // text not shown yet: the unfinished line (not a terminal)
+	done    chan struct{}
+	ended   bool
+}
+
+// newScreen returns a screen writing to w; tty enables in-place redraws.
+func newScreen(w io.Writer, tty bool, tr *agenttools.Tracker) *screen {
+	return &screen{w: w, tty: tty, tr: tr, runs: map[string]*runView{}, turns: map[string]*turnView{}, notices: map[string]bool{}}
+}
+
+// write writes s; the caller holds mu.
+func (s *screen) write(str string) {
+	if s.werr != nil || str == "" {
+		return
+	}
+	if _, err := io.WriteString(s.w, str); err != nil {
+		s.werr = err
+		return
+	}
+	s.midLine = !strings.HasSuffix(str, "\n")
+}
+
+// newline ends the current line if the cursor is not at its start; the
+// caller holds mu.
+func (s *screen) newline() {
+	if s.midLine {
+		s.write("\n")
+	}
+	s.live, s.textTurn = "", ""
+}
+
+// line prints str on a line of its own.
+func (s *screen) line(str string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lineLocked(str)
+}
+
+func (s *screen) lineLocked(str string) {
+	s.newline()
+	s.write(str + "\n")
+}
+
+// runLine prints the progress or final line of a run. On a terminal it
+// replaces the run's progress line if that is the current line; a progress
+// line stays open so that the next one can replace it.
+func (s *screen) runLine(runID, str string, final bool) {
+	if !s.tty {
+		s.lineLocked(str)
+		return
+	}
+	if s.live == runID && s.midLine {
+		s.write("\r\x1b[K")
+	} else {
+		s.newline()
+	}
+	if final {
+		s.write(str + "\n")
+		s.live = ""
+		return
+	}
+	s.write(str)
+	s.live = runID
+}
+
+// end finishes the output: the cursor is left at the start of a line.
+func (s *screen) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.newline()
+}
+
+// lost records that the connection ended: turns still waiting are
+// released.
+func (s *screen) lost() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gone = true
+	for _, t := range s.turns {
+		if !t.ended {
+			t.ended = true
+			close(t.done)
+		}
+	}
+}
+
+// turnDone returns a channel closed once the turn id has ended and its end
+// was rendered (or the connection ended).
+func (s *screen) turnDone(id string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.turn(id)
+	if s.gone && !t.ended {
+		t.ended = true
+		close(t.done)
+	}
+	return t.done
+}
+
+// turn returns the record of turn id; the caller holds mu.
+func (s *screen) turn(id string) *turnView {
+	t := s.turns[id]
+	if t == nil {
+		t = &turnView{done: make(chan struct{})}
+		s.turns[id] = t
+	}
+	return t
+}
+
+// seenNotices marks the notices in msgs as shown.
+func (s *screen) seenNotices(msgs []message.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range msgs {
+		s.notices[m.ID] = true
+	}
+}
+
+// handle renders one frame from the server.
+func (s *screen) handle(f client.Frame) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch f.Type {
+	case agenttool.FrameType:
+		var af agenttool.Frame
+		if json.Unmarshal(f.Data, &af) == nil && s.tr.Apply(af) {
+			s.renderRun(af.Event.RunID, af.Replay)
+		}
+	case frameChatResponse:
+		var r struct {
+			ID      string `json:"id"`
+			Body    string `json:"body"`
+			Done    bool   `json:"done"`
+			Error   bool   `json:"error"`
+			Outcome string `json:"outcome"`
+		}
+		if json.Unmarshal(f.Data, &r) != nil || r.ID == "" {
+			return
+		}
+		s.renderChat(r.ID, r.Body, r.Error, r.Done, r.Outcome)
+	case frameChatMessages:
+		var m struct {
+			Messages []message.Message `json:"messages"`
+		}
+		if json.Unmarshal(f.Data, &m) == nil {
+			s.renderNotices(m.Messages)
+		}
+	}
+}
+
+// renderChat renders one chat response frame of turn id.
+func (s *screen) renderChat(id, body string, isErr, done bool, outcome string) {
+	t := s.turn(id)
+	if t.ended {
+		return
+	}
+	switch {
+	case isErr:
+		t.errText = body
+	case body != "":
+		var c message.Chunk
+		if json.Unmarshal([]byte(body), &c) != nil {
+			break
+		}
+		switch c.Type {
+		case message.ChunkTextDelta:
+			if !s.tty {
+				// Line by line, so that run lines never split the text.
+				t.pending += c.Delta
+				for {
+					l, rest, ok := strings.Cut(t.pending, "\n")
+					if !ok {
+						break
+					}
+					s.textLine(t, l)
+					t.pending = rest
+				}
+				break
+			}
+			if s.textTurn != id {
+				// A new answer, or one continued after other lines.
+				prefix := "assistant> "
+				if t.texted {
+					prefix += "…"
+				}
+				s.newline()
+				s.write(prefix)
+				s.textTurn, t.texted = id, true
+			}
+			s.write(c.Delta)
+		case message.ChunkToolOutputError:
+			s.lineLocked("tool error: " + c.ErrorText)
+		case message.ChunkError:
+			s.lineLocked("error: " + c.ErrorText)
+		}
+	}
+	if !done {
+		return
+	}
+	if t.pending != "" {
+		s.textLine(t, t.pending)
+		t.pending = ""
+	}
+	if s.textTurn == id {
+		s.newline()
+	}
+	if outcome == "" && t.errText != "" {
+		outcome = client.OutcomeError
+	}
+	switch outcome {
+	case client.OutcomeAborted:
+		s.lineLocked("(turn cancelled)")
+	case client.OutcomeError:
+		s.lineLocked("error: " + cmp.Or(t.errText, "the turn failed"))
+	case client.OutcomeSkipped:
+		s.lineLocked("(turn skipped)")
+	}
+	t.ended = true
+	close(t.done)
+}
+
+// textLine prints a whole line of t's text; the first is prefixed. The
+// caller holds mu.
+func (s *screen) textLine(t *turnView, l string) {
+	if !t.texted {
+		l = "assistant> " + l
+		t.texted = true
+	}
+	s.lineLocked(l)
+}
+
+// renderNotices prints the messages background runs added to the chat
+// (their metadata names a runId) that were not shown yet.
+func (s *screen) renderNotices(msgs []message.Message) {
+	for _, m := range msgs {
+		if s.notices[m.ID] {
+			continue
+		}
+		s.notices[m.ID] = true
+		var meta struct {
+			RunID string `json:"runId"`
+		}
+		if len(m.Metadata) == 0 || json.Unmarshal(m.Metadata, &meta) != nil || meta.RunID == "" {
+			continue
+		}
+		text, _, _ := strings.Cut(strings.TrimSpace(chat.MessageText(m)), "\n")
+		s.lineLocked("notice: " + strings.TrimSpace(text))
+	}
+}
+
+// renderRun shows what changed in a run since it was last shown. A replay
+// frame (sent on connect for runs that started earlier) only updates what
+// counts as shown, so history is not printed again; the run is announced
+// at its first live frame.
+func (s *screen) renderRun(id string, replay bool) {
+	r := s.tr.State().RunsByID[id]
+	if r == nil {
+		return
+	}
+	v := s.runs[id]
+	if v == nil {
+		v = &runView{}
+		s.runs[id] = v
+	}
+	if r.Progress != nil && r.Progress.Fraction != nil {
+		v.frac = r.Progress.Fraction
+	}
+	if replay && !v.announced {
+		v.milestones, v.status, v.progress = len(r.Milestones), r.Status, progressKey(r.Progress)
+		return
+	}
+	if !v.announced {
+		v.announced = true
+		s.nruns++
+		v.label = fmt.Sprintf("[%d] %s", s.nruns, runName(r))
+		where := ""
+		if r.ParentToolCallID == "" {
+			where = " in the background"
+		}
+		str := fmt.Sprintf("▸ %s started%s · run %s", v.label, where, r.RunID)
+		if p := inputPreview(r.InputPreview); p != "" {
+			str += " · " + p
+		}
+		s.lineLocked(str)
+	}
+	name := v.label
+	for _, m := range r.Milestones[min(v.milestones, len(r.Milestones)):] {
+		str := fmt.Sprintf("  ◆ %s reached milestone %q", name, m.Name)
+		if m.Message != "" {
+			str += " · " + m.Message
+		}
+		s.lineLocked(str)
+	}
+	v.milestones = len(r.Milestones)
+	if r.Status != agenttool.StatusRunning && r.Status != agenttool.StatusStarting {
+		if r.Status != v.status {
+			v.status = r.Status
+			s.runLine(id, finalLine(name, r, v.frac), true)
+		}
+		return
+	}
+	v.status = r.Status
+	if key := progressKey(r.Progress); r.Progress != nil && key != v.progress && r.Progress.Milestone == "" {
+		v.progress = key
+		s.runLine(id, "  "+name+" "+progressText(v.frac, r.Progress.Phase, r.Progress.Message), false)
+	}
+}
+
+// runName is the display name of a run, else its class.
+func runName(r *agenttools.Run) string {
+	if n, ok := r.Display["name"].(string); ok && n != "" {
+		return n
+	}
+	return r.AgentType
+}
+
+// progressKey identifies a progress signal for change detection.
+func progressKey(p *agenttools.Progress) string {
+	if p == nil {
+		return ""
+	}
+	f := "-"
+	if p.Fraction != nil {
+		f = fmt.Sprint(*p.Fraction)
+	}
+	return f + "\x00" + p.Phase + "\x00" + p.Message + "\x00" + p.Milestone
+}
+
+// finalLine describes how a run ended.
+func finalLine(name string, r *agenttools.Run, frac *float64) string {
+	switch r.Status {
+	case agenttool.StatusCompleted:
+		str := fmt.Sprintf("✓ %s %s completed", name, progressText(ptr(1.0), "", ""))
+		if sum := firstLine(r.Summary); sum != "" {
+			str += " · " + truncate(sum, 120)
+		}
+		return str
+	case agenttool.StatusInterrupted:
+		str := fmt.Sprintf("! %s %s interrupted", name, progressText(frac, "", ""))
+		if r.Reason != "" {
+			str += " (" + string(r.Reason) + ")"
+		}
+		if r.Error != "" {
+			str += " · " + r.Error
+		}
+		return str
+	default: // error, aborted
+		str := fmt.Sprintf("✗ %s %s %s", name, progressText(frac, "", ""), r.Status)
+		if r.Error != "" {
+			str += " · " + r.Error
+		}
+		return str
+	}
+}
+
+// progressText renders a progress bar with its percentage, then the phase
+// and message when set: "[######....]  60% reading · Reading 2 sources".
+func progressText(frac *float64, phase, msg string) string {
+	const width = 10
+	var b strings.Builder
+	if frac == nil {
+		b.WriteString("[" + strings.Repeat(".", width) + "]   ?%")
+	} else {
+		f := math.Max(0, math.Min(1, *frac))
+		n := int(math.Round(f * width))
+		fmt.Fprintf(&b, "[%s%s] %3d%%", strings.Repeat("#", n), strings.Repeat(".", width-n), int(math.Round(f*100)))
+	}
+	if phase != "" {
+		b.WriteString(" " + phase)
+	}
+	if msg != "" {
+		b.WriteString(" · " + msg)
+	}
+	return b.String()
+}
+
+// inputPreview renders a run's input preview (JSON, or a string holding
+// JSON): the value of a one-field object, else compact JSON.
+func inputPreview(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var str string
+	if json.Unmarshal(raw, &str) == nil {
+		if !json.Valid([]byte(str)) {
+			return truncate(strconv.Quote(str), 80)
+		}
+		raw = json.RawMessage(str)
+	}
+	var obj map[string]any
+	if json.Unmarshal(raw, &obj) == nil && len(obj) == 1 {
+		for _, v := range obj {
+			if s, ok := v.(string); ok {
+				return truncate(strconv.Quote(s), 80)
+			}
+		}
+	}
+	return compactJSON(raw, 80)
+}
+
+func firstLine(s string) string {
+	l, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(l)
+}

@@ -1,0 +1,4 @@
+package agentsastools
+
+// Topic exposes topic to the tests.
+var Topic = topic

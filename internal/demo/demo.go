@@ -1,0 +1,94 @@
+// Package demo wires Agentry's demo server: the runtime with the chat and
+// agent-tool layers, the example agents (Counter, EchoChat and the
+// agents-as-tools Assistant, Researcher and Planner), and one HTTP handler
+// that serves the agent routes under /agents/ and the web playground
+// everywhere else. `agentry serve` and the browser tests both use it, so
+// the tests run exactly what the command serves.
+package demo
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat"
+	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
+	"github.com/agentry/agentry/examples/counter"
+	"github.com/agentry/agentry/examples/echochat"
+	"github.com/agentry/agentry/server"
+	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/web"
+)
+
+// Options configure Start.
+type Options struct {
+	// DB stores the agents. Required.
+	DB *sqlite.DB
+	// Logger receives the runtime's and the server's logs; nil means
+	// slog.Default().
+	Logger *slog.Logger
+	// IdleTimeout evicts instances idle this long (see agent.Options).
+	IdleTimeout time.Duration
+	// Delay is the scripted models' delay between streamed chunks.
+	Delay time.Duration
+	// Models are the agents-as-tools models; nil means
+	// agentsastools.FromEnv(Delay): a real model when the environment
+	// names one, the offline scripted models otherwise.
+	Models *agentsastools.Models
+}
+
+// Demo is a started demo runtime and its HTTP handler.
+type Demo struct {
+	// Runtime hosts the agents.
+	Runtime *agent.Runtime
+	// Agents serves the agent routes; requests outside them go to the
+	// playground.
+	Agents *server.Server
+	// Provider names the agents-as-tools model: "scripted", "openai", …
+	Provider string
+}
+
+// Start creates the runtime, registers the demo classes, starts the
+// runtime (recovering interrupted work) and builds the handler.
+func Start(ctx context.Context, o Options) (*Demo, error) {
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	rt, err := agent.New(ctx, agent.Options{DB: o.DB, Logger: logger, IdleTimeout: o.IdleTimeout})
+	if err != nil {
+		return nil, err
+	}
+	chat.Configure(rt, chat.Config{})
+	agenttool.Install(rt, agenttool.Options{})
+	models, provider := o.Models, "custom"
+	if models == nil {
+		models, provider = agentsastools.FromEnv(o.Delay)
+	}
+	classes := append([]agent.Class{counter.Class(), echochat.Class(echochat.Options{Delay: o.Delay})},
+		agentsastools.Classes(agentsastools.Options{Models: models})...)
+	for _, c := range classes {
+		if err := rt.Register(c); err != nil {
+			rt.Close()
+			return nil, err
+		}
+	}
+	if err := rt.Start(ctx); err != nil {
+		rt.Close()
+		return nil, err
+	}
+	srv := server.New(server.Options{Runtime: rt, NotFound: web.Handler()})
+	return &Demo{Runtime: rt, Agents: srv, Provider: provider}, nil
+}
+
+// Handler serves the agent routes (/agents/…) and the playground (/).
+func (d *Demo) Handler() http.Handler { return d.Agents }
+
+// Close closes the sockets, then the runtime. The caller closes the DB.
+func (d *Demo) Close() error {
+	d.Agents.Close()
+	return d.Runtime.Close()
+}

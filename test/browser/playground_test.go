@@ -1,0 +1,163 @@
+// Package browser runs the web playground in a real browser: Debian's
+// Chromium, driven by playwright-core from playground.mjs, against the
+// same server `agentry serve` runs (internal/demo).
+package browser
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
+	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/store/sqlite"
+)
+
+const chromiumPath = "/usr/bin/chromium"
+
+func dir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(file)
+}
+
+// requireBrowser skips the test when Node, Chromium or playwright-core is
+// missing, except in CI (CI=true), where that is a failure.
+func requireBrowser(t *testing.T) {
+	t.Helper()
+	var missing []string
+	if _, err := exec.LookPath("node"); err != nil {
+		missing = append(missing, "node")
+	}
+	if _, err := os.Stat(chromiumPath); err != nil {
+		missing = append(missing, chromiumPath+" (apt-get install chromium)")
+	}
+	if _, err := os.Stat(filepath.Join(dir(), "node_modules", "playwright-core")); err != nil {
+		missing = append(missing, "test/browser/node_modules (make npm)")
+	}
+	if len(missing) == 0 {
+		return
+	}
+	msg := "browser test needs " + strings.Join(missing, ", ")
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// serve starts the demo server (agents and playground) on 127.0.0.1 with
+// the offline models streaming a chunk every delay, and returns its base
+// URL.
+func serve(t *testing.T, delay time.Duration) string {
+	t.Helper()
+	return serveModels(t, agentsastools.Offline(delay, nil))
+}
+
+// serveModels starts the demo server with the given models.
+func serveModels(t *testing.T, models *agentsastools.Models) string {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: -1, Models: models})
+	if err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan error, 1)
+	go func() { done <- hs.Serve(ln) }()
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d.Agents.Close() // WebSockets first: Shutdown does not wait for hijacked connections
+		if err := hs.Shutdown(sctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("serve: %v", err)
+		}
+		if err := d.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		db.Close()
+	})
+	return "http://" + ln.Addr().String()
+}
+
+// TestPlayground runs playground.mjs: research that streams and survives a
+// refresh, a comparison, drill-in with a follow-up, a background run that
+// reports back, a cancelled background run, and Clear. Screenshots go to
+// test/browser/screenshots/.
+func TestPlayground(t *testing.T) {
+	requireBrowser(t)
+	fast := serve(t, 5*time.Millisecond)
+	// Slow enough that a background run is still streaming its summary
+	// (about 40 chunks) when the test presses Cancel.
+	slow := serve(t, 250*time.Millisecond)
+	shots := filepath.Join(dir(), "screenshots")
+	if err := os.MkdirAll(shots, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "playground.mjs", fast, slow, shots)
+	cmd.Dir = dir()
+	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath, "CHROMIUM_USER_DATA_DIR="+t.TempDir())
+	cmd.WaitDelay = 10 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err := cmd.Run()
+	sc := bufio.NewScanner(bytes.NewReader(out.Bytes()))
+	for sc.Scan() {
+		if p, ok := strings.CutPrefix(sc.Text(), "SCREENSHOT "); ok {
+			t.Logf("screenshot: %s", p)
+		}
+	}
+	if err != nil || !strings.Contains(out.String(), "PASS playground") {
+		t.Fatalf("playground.mjs: %v\n%s", err, out.String())
+	}
+	t.Logf("playground.mjs:\n%s", out.String())
+}
+
+// TestDocsScreenshot retakes docs/playground.png, the README's picture of
+// the playground mid-run. It runs only with AGENTRY_DOCS_SCREENSHOT=1.
+func TestDocsScreenshot(t *testing.T) {
+	if os.Getenv("AGENTRY_DOCS_SCREENSHOT") == "" {
+		t.Skip("set AGENTRY_DOCS_SCREENSHOT=1 to retake docs/playground.png")
+	}
+	requireBrowser(t)
+	// A quick assistant and slow helpers: the panels are caught mid-stream.
+	fast, slow := agentsastools.Offline(40*time.Millisecond, nil), agentsastools.Offline(250*time.Millisecond, nil)
+	base := serveModels(t, &agentsastools.Models{Assistant: fast.Assistant, Researcher: slow.Researcher, Planner: slow.Planner})
+	out := filepath.Join(dir(), "..", "..", "docs", "playground.png")
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "docs.mjs", base, out)
+	cmd.Dir = dir()
+	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("docs.mjs: %v\n%s", err, b)
+	}
+	t.Logf("%s", b)
+}

@@ -1,0 +1,291 @@
+// The playground: a chat with the agents-as-tools Assistant on the real
+// Cloudflare Agents React clients. One useAgent socket carries the chat
+// (useAgentChat) and the helpers' events (useAgentToolEvents); they are
+// joined in the transcript by tool call id. Drill-in opens a second
+// socket to the helper itself (useAgent with sub) and runs useAgentChat on
+// it, so the side panel is the helper's real chat.
+import { Suspense, useCallback, useEffect, useMemo, useRef, useState, type ReactNode } from "react";
+import { useAgent, useAgentToolEvents } from "agents/react";
+import { useAgentChat } from "@cloudflare/ai-chat/react";
+import { Composer, MessageView } from "./chat";
+import { Avatar, BackgroundRuns, DRILLABLE, runLabel, StatusBadge, type Run } from "./helpers";
+import { socketProtocol, useInstanceName } from "./instance";
+import { previewInput, type Part } from "./parts";
+
+type Connection = "connecting" | "connected" | "disconnected";
+
+const SUGGESTIONS = [
+  "Research quantum computing",
+  "Compare HTTP/3 and gRPC",
+  "Plan adding rate limiting to the billing service",
+  "Research the history of TLS, don't wait",
+];
+
+export function App() {
+  const name = useInstanceName();
+  // A new instance name is a new page: fresh sockets, fresh state.
+  return <Playground key={name} name={name} />;
+}
+
+function useMainAgent(name: string) {
+  const [connection, setConnection] = useState<Connection>("connecting");
+  const agent = useAgent({
+    agent: "Assistant",
+    name,
+    protocol: socketProtocol,
+    onOpen: () => setConnection("connected"),
+    onClose: () => setConnection("disconnected"),
+  });
+  return { agent, connection };
+}
+
+export type MainAgent = ReturnType<typeof useMainAgent>["agent"];
+
+function Playground({ name }: { name: string }) {
+  const { agent, connection } = useMainAgent(name);
+  // Mounted with the socket, outside the Suspense boundary of the chat, so
+  // the replay the server pushes on connect is never missed.
+  const tools = useAgentToolEvents<Part>({ agent });
+  return (
+    <div className="app">
+      <Suspense fallback={<Shell name={name} connection={connection} body={<p className="muted center">Loading the transcript…</p>} />}>
+        <ChatPage name={name} agent={agent} connection={connection} tools={tools} />
+      </Suspense>
+    </div>
+  );
+}
+
+function Shell({ name, connection, body, onClear, canClear }: { name: string; connection: Connection; body: ReactNode; onClear?: () => void; canClear?: boolean }) {
+  return (
+    <>
+      <header className="topbar">
+        <div className="brand">
+          <span className="logo">◆</span> Agentry <span className="brand-sub">playground</span>
+        </div>
+        <div className="topbar-info">
+          <span className="instance" title="Assistant instance: change it with the URL hash, e.g. #alice">
+            Assistant / <strong data-testid="instance-name">{name}</strong>
+          </span>
+          <span className={`conn conn-${connection}`} data-testid="connection" data-state={connection}>
+            <span className="dot" /> {connection}
+          </span>
+        </div>
+        <button type="button" className="btn" data-testid="clear" onClick={onClear} disabled={!onClear || !canClear}>
+          Clear
+        </button>
+      </header>
+      {body}
+    </>
+  );
+}
+
+function ChatPage({
+  name,
+  agent,
+  connection,
+  tools,
+}: {
+  name: string;
+  agent: MainAgent;
+  connection: Connection;
+  tools: ReturnType<typeof useAgentToolEvents<Part>>;
+}) {
+  const { messages, sendMessage, clearHistory, status, isServerStreaming } = useAgentChat({ agent });
+  const { runsById, runsByToolCallId, unboundRuns, resetLocalState } = tools;
+
+  const [drill, setDrill] = useState<string | null>(null);
+  const [cancelling, setCancelling] = useState<ReadonlySet<string>>(() => new Set());
+  const [notice, setNotice] = useState<string | null>(null);
+
+  // A cleared chat (here or in another tab) drops the helper state with it.
+  useEffect(() => {
+    if (messages.length === 0) {
+      resetLocalState();
+      setDrill(null);
+    }
+  }, [messages.length, resetLocalState]);
+
+  const clear = useCallback(async () => {
+    // Delete the helper runs first, so a reconnect in between cannot
+    // replay panels the user just cleared.
+    try {
+      await agent.call("clearHelperRuns");
+    } catch (err) {
+      setNotice(`Could not clear the helper runs: ${String(err)}`);
+    }
+    clearHistory();
+    resetLocalState();
+    setDrill(null);
+    setCancelling(new Set());
+  }, [agent, clearHistory, resetLocalState]);
+
+  const cancel = useCallback(
+    async (run: Run) => {
+      setCancelling((s) => new Set(s).add(run.runId));
+      try {
+        await agent.call("cancelBackground", [run.runId]);
+      } catch (err) {
+        setNotice(`Could not cancel ${run.runId}: ${String(err)}`);
+      } finally {
+        setCancelling((s) => {
+          const next = new Set(s);
+          next.delete(run.runId);
+          return next;
+        });
+      }
+    },
+    [agent],
+  );
+
+  const background = useMemo(() => [...unboundRuns].sort((a, b) => a.order - b.order), [unboundRuns]);
+  const openDrill = useCallback((run: Run) => setDrill(run.runId), []);
+  const drillRun = drill ? runsById[drill] : undefined;
+
+  const scroller = useRef<HTMLDivElement>(null);
+  const lastLen = useRef(0);
+  useEffect(() => {
+    const el = scroller.current;
+    if (!el) return;
+    // Follow the conversation while the reader is at the bottom.
+    const nearBottom = el.scrollHeight - el.scrollTop - el.clientHeight < 160 || messages.length !== lastLen.current;
+    lastLen.current = messages.length;
+    if (nearBottom) el.scrollTop = el.scrollHeight;
+  }, [messages, runsById]);
+
+  const busy = status === "submitted" || status === "streaming";
+
+  return (
+    <Shell
+      name={name}
+      connection={connection}
+      onClear={clear}
+      canClear={messages.length > 0 || background.length > 0}
+      body={
+        <div className="layout">
+          <main className="chat">
+            <div className="messages" ref={scroller} data-testid="messages">
+              {messages.length === 0 ? (
+                <Empty onPick={(t) => sendMessage({ text: t })} />
+              ) : (
+                messages.map((m) => <MessageView key={m.id} message={m} runsByToolCall={runsByToolCallId} onDrillIn={openDrill} />)
+              )}
+              {(busy || isServerStreaming) && (
+                <div className="typing" data-testid="typing">
+                  <span />
+                  <span />
+                  <span />
+                </div>
+              )}
+            </div>
+            {notice && (
+              <div className="notice" role="alert" onClick={() => setNotice(null)}>
+                {notice}
+              </div>
+            )}
+            <Composer
+              testId="chat-composer"
+              onSend={(text) => sendMessage({ text })}
+              disabled={busy || connection !== "connected"}
+              placeholder="Ask the assistant: research, compare, plan, or research in the background…"
+            />
+          </main>
+          <BackgroundRuns runs={background} cancelling={cancelling} onCancel={cancel} onDrillIn={openDrill} />
+          {drillRun && <DrillIn key={drillRun.runId} name={name} run={drillRun} onClose={() => setDrill(null)} />}
+        </div>
+      }
+    />
+  );
+}
+
+function Empty({ onPick }: { onPick: (text: string) => void }) {
+  return (
+    <div className="empty" data-testid="empty">
+      <h1>Agents as tools</h1>
+      <p className="muted">
+        The Assistant hands work to helper agents: a <code>Researcher</code> or a <code>Planner</code>, each with its own
+        chat, tools and storage. Their work streams live under the tool call, survives a refresh, and opens as a real chat
+        of its own.
+      </p>
+      <div className="suggestions">
+        {SUGGESTIONS.map((s) => (
+          <button key={s} type="button" className="suggestion" onClick={() => onPick(s)}>
+            {s}
+          </button>
+        ))}
+      </div>
+    </div>
+  );
+}
+
+// The helper's own chat, reached through the parent:
+// /agents/assistant/{name}/sub/{kebab(agentType)}/{runId}.
+function DrillIn({ name, run, onClose }: { name: string; run: Run; onClose: () => void }) {
+  const child = useAgent({
+    agent: "Assistant",
+    name,
+    sub: [{ agent: run.subAgent.agent, name: run.subAgent.name }],
+    protocol: socketProtocol,
+  });
+  useEffect(() => {
+    const onKey = (e: KeyboardEvent) => e.key === "Escape" && onClose();
+    window.addEventListener("keydown", onKey);
+    return () => window.removeEventListener("keydown", onKey);
+  }, [onClose]);
+  return (
+    <div className="drawer-wrap">
+      <button type="button" className="drawer-backdrop" aria-label="Close the helper's chat" onClick={onClose} />
+      <aside className="drawer" data-testid="drill-in-panel" data-run-id={run.runId} data-agent-type={run.agentType}>
+        <header className="drawer-head">
+          <Avatar run={run} />
+          <div className="drawer-title">
+            <div className="helper-name">{runLabel(run)}</div>
+            <div className="muted small ellipsis">{previewInput(run.inputPreview)}</div>
+          </div>
+          <StatusBadge status={run.status} />
+          <button type="button" className="btn btn-small" data-testid="close-drill-in" onClick={onClose}>
+            Close
+          </button>
+        </header>
+        <div className="drawer-note muted small">
+          This is the helper's own chat ({run.subAgent.agent} <code>{run.subAgent.name}</code>). Follow-up messages go to the
+          helper, not to the assistant.
+        </div>
+        {DRILLABLE.has(run.agentType) ? (
+          <Suspense fallback={<p className="muted center">Loading the helper's chat…</p>}>
+            <ChildChat agent={child} />
+          </Suspense>
+        ) : (
+          <p className="error-text">No drill-in for {run.agentType}.</p>
+        )}
+      </aside>
+    </div>
+  );
+}
+
+function ChildChat({ agent }: { agent: MainAgent }) {
+  const { messages, sendMessage, status, isServerStreaming } = useAgentChat({ agent });
+  const scroller = useRef<HTMLDivElement>(null);
+  useEffect(() => {
+    if (scroller.current) scroller.current.scrollTop = scroller.current.scrollHeight;
+  }, [messages]);
+  const busy = status === "submitted" || status === "streaming";
+  return (
+    <>
+      <div className="drawer-messages" ref={scroller} data-testid="drill-in-messages">
+        {messages.length === 0 ? (
+          <p className="muted center">No messages yet.</p>
+        ) : (
+          messages.map((m) => <MessageView key={m.id} message={m} />)
+        )}
+        {(busy || isServerStreaming) && (
+          <div className="typing">
+            <span />
+            <span />
+            <span />
+          </div>
+        )}
+      </div>
+      <Composer testId="drill-in-composer" onSend={(text) => sendMessage({ text })} disabled={busy} placeholder="Ask this helper a follow-up…" />
+    </>
+  );
+}
