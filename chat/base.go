@@ -309,9 +309,13 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	c.msgs = msgs
 	t := c.newTurn(row, req.origin)
 	c.queue = append(c.queue, t)
+	c.mu.Unlock()
+	// The other connections see the new message before the turn that
+	// answers it starts streaming.
+	c.broadcastTranscript(req.origin)
+	c.mu.Lock()
 	c.startWorkerLocked()
 	c.mu.Unlock()
-	c.broadcastTranscript(req.origin)
 	return row.ID, nil
 }
 
