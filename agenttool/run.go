@@ -271,7 +271,13 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		defer window.Stop()
 		windowC = window.Chan()
 	}
-	stop, err := cb.FollowStream(context.WithoutCancel(runCtx), cr.streamID, -1, func(seq int, body string) {
+	// A re-attach after an interrupted end forwards only what came after
+	// it: clients already have the rest, with the same sequences.
+	after := -1
+	if n := len(row.marks); n > 0 {
+		after = row.marks[n-1] - 1
+	}
+	stop, err := cb.FollowStream(context.WithoutCancel(runCtx), cr.streamID, after, func(seq int, body string) {
 		if idle != nil {
 			idle.Reset(lim.noProgress)
 		}

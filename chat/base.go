@@ -286,7 +286,13 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 				return err
 			}
 		}
-		if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
+		if req.replace != nil {
+			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
+				return err
+			}
+		} else if err := appendMessages(ctx, tx, c.iid, msgs[len(msgs)-len(req.append):]); err != nil {
+			// Only the new messages are written: a long transcript costs
+			// nothing per turn.
 			return err
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO instance_wake (instance_id, reason) VALUES (?, ?)

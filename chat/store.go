@@ -133,6 +133,20 @@ func replaceMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message
 	return nil
 }
 
+// appendMessages adds msgs after the stored transcript.
+func appendMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) error {
+	var last int
+	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(position), -1) FROM chat_messages WHERE instance_id = ?`, iid).Scan(&last); err != nil {
+		return err
+	}
+	for i, m := range msgs {
+		if err := putMessage(ctx, tx, iid, last+1+i, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func putMessage(ctx context.Context, tx store.Tx, iid int64, pos int, m message.Message) error {
 	body, err := json.Marshal(m)
 	if err != nil {

@@ -39,6 +39,12 @@ type Options struct {
 	// MaxFrameBytes limits one client frame; larger frames are discarded
 	// and answered with an error frame. Zero means 1 MiB.
 	MaxFrameBytes int64
+	// SendQueueBytes is how many bytes of frames may wait for one slow
+	// client before the server closes its connection (1013; the client
+	// reconnects and resumes). Memory is used only while frames wait. Zero
+	// means 64 MiB, enough for the connect replay of a parent with
+	// thousands of retained agent-tool runs.
+	SendQueueBytes int64
 	// SendQueue is the number of frames queued for one slow client before
 	// the server closes its connection (the client reconnects and resumes).
 	// Zero means 4096.
@@ -78,7 +84,10 @@ func New(opts Options) *Server {
 		opts.MaxFrameBytes = 1 << 20
 	}
 	if opts.SendQueue == 0 {
-		opts.SendQueue = 4096
+		opts.SendQueue = 1 << 20
+	}
+	if opts.SendQueueBytes == 0 {
+		opts.SendQueueBytes = 64 << 20
 	}
 	if opts.WriteTimeout == 0 {
 		opts.WriteTimeout = 10 * time.Second
@@ -290,7 +299,8 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 	c.SetReadLimit(-1) // we enforce MaxFrameBytes ourselves and keep the connection
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sk := &socket{c: c, queue: make(chan []byte, s.opts.SendQueue), done: make(chan struct{}), writeTimeout: s.opts.WriteTimeout}
+	sk := &socket{c: c, maxFrames: s.opts.SendQueue, maxBytes: s.opts.SendQueueBytes, ready: make(chan struct{}, 1),
+		done: make(chan struct{}), writeTimeout: s.opts.WriteTimeout}
 	s.mu.Lock()
 	s.sockets[sk] = struct{}{}
 	s.mu.Unlock()
@@ -368,30 +378,48 @@ func (s *Server) readLoop(ctx context.Context, c *websocket.Conn, conn *agent.Co
 // one writer goroutine, so broadcasters never block on a slow client.
 type socket struct {
 	c            *websocket.Conn
-	queue        chan []byte
 	writeTimeout time.Duration
+	maxFrames    int
+	maxBytes     int64
+	ready        chan struct{} // signalled when frames were queued
 
 	mu        sync.Mutex
+	queue     [][]byte // frames waiting for the writer, oldest first
+	queued    int64    // their bytes
 	closed    bool
 	done      chan struct{}
 	closeCode int
 	closeWhy  string
 }
 
-// Send queues a frame; a full queue closes the socket (1013, try again).
+// Send queues a frame without blocking; a queue over its limits closes the
+// socket (1013, try again later).
 func (sk *socket) Send(frame []byte) bool {
 	sk.mu.Lock()
 	defer sk.mu.Unlock()
 	if sk.closed {
 		return false
 	}
-	select {
-	case sk.queue <- frame:
-		return true
-	default:
+	if len(sk.queue) >= sk.maxFrames || sk.queued+int64(len(frame)) > sk.maxBytes {
 		sk.closeLocked(int(websocket.StatusTryAgainLater), "client too slow")
 		return false
 	}
+	sk.queue = append(sk.queue, frame)
+	sk.queued += int64(len(frame))
+	select {
+	case sk.ready <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// take removes and returns the queued frames.
+func (sk *socket) take() [][]byte {
+	sk.mu.Lock()
+	defer sk.mu.Unlock()
+	q := sk.queue
+	sk.queue, sk.queued = nil, 0
+	return q
 }
 
 // Close flushes queued frames and then closes the socket with code.
@@ -418,32 +446,30 @@ func (sk *socket) closeLocked(code int, reason string) {
 }
 
 func (sk *socket) writeLoop(ctx context.Context) {
-	write := func(frame []byte) bool {
-		wctx, cancel := context.WithTimeout(ctx, sk.writeTimeout)
-		defer cancel()
-		return sk.c.Write(wctx, websocket.MessageText, frame) == nil
+	write := func(frames [][]byte) bool {
+		for _, frame := range frames {
+			wctx, cancel := context.WithTimeout(ctx, sk.writeTimeout)
+			err := sk.c.Write(wctx, websocket.MessageText, frame)
+			cancel()
+			if err != nil {
+				return false
+			}
+		}
+		return true
 	}
 	for {
 		select {
-		case frame := <-sk.queue:
-			if !write(frame) {
+		case <-sk.ready:
+			if !write(sk.take()) {
 				sk.Close(int(websocket.StatusAbnormalClosure), "")
 				sk.c.CloseNow()
 				return
 			}
 		case <-sk.done:
 			// Flush what was queued before the close, then close.
-			for {
-				select {
-				case frame := <-sk.queue:
-					if !write(frame) {
-						sk.c.CloseNow()
-						return
-					}
-					continue
-				default:
-				}
-				break
+			if !write(sk.take()) {
+				sk.c.CloseNow()
+				return
 			}
 			sk.mu.Lock()
 			code, why := sk.closeCode, sk.closeWhy

@@ -45,6 +45,17 @@ type Builder struct {
 	reasoning    map[string]int // open reasoning parts: id → index in msg.Parts
 	partialTools map[string]*partialToolCall
 	finishReason string
+	// acc accumulates the text of streaming parts (index in msg.Parts →
+	// text so far), so a long part is not copied on every delta; sync
+	// writes it back into the parts.
+	acc map[int]*strings.Builder
+}
+
+// sync writes the accumulated text of streaming parts into the message.
+func (b *Builder) sync() {
+	for i, sb := range b.acc {
+		b.msg.Parts[i].Text = sb.String()
+	}
 }
 
 // NewBuilder returns a Builder for a new assistant message with messageID.
@@ -65,6 +76,7 @@ func (b *Builder) Continue(existing Message) error {
 
 // Message returns a deep copy of the message built so far.
 func (b *Builder) Message() Message {
+	b.sync()
 	m := b.msg.Clone()
 	if m.Role == "" {
 		m.Role = RoleAssistant
@@ -89,6 +101,8 @@ func (b *Builder) FinishReason() string {
 // when a turn ends early (aborted or failed) and its partial message is
 // kept. Tool parts are left as they are.
 func (b *Builder) Finalize() {
+	b.sync()
+	b.acc = nil
 	for i := range b.msg.Parts {
 		p := &b.msg.Parts[i]
 		if (p.Type == PartText || p.Type == PartReasoning) && p.State == StateStreaming {
@@ -383,11 +397,26 @@ func openPart(open map[string]int, id string, i int) map[string]int {
 // reasoning part at index i.
 func (b *Builder) updateStreamingPart(i int, c Chunk, end bool) {
 	p := &b.msg.Parts[i]
-	p.Text += c.Delta
+	if c.Delta != "" {
+		sb := b.acc[i]
+		if sb == nil {
+			if b.acc == nil {
+				b.acc = map[int]*strings.Builder{}
+			}
+			sb = &strings.Builder{}
+			sb.WriteString(p.Text)
+			b.acc[i] = sb
+		}
+		sb.WriteString(c.Delta)
+	}
 	if len(c.ProviderMetadata) > 0 {
 		p.ProviderMetadata = cloneRaw(c.ProviderMetadata)
 	}
 	if end {
+		if sb := b.acc[i]; sb != nil {
+			p.Text = sb.String()
+			delete(b.acc, i)
+		}
 		p.State = StateDone
 	}
 }

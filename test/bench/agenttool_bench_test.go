@@ -1,0 +1,514 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/model"
+	"github.com/agentry/agentry/model/scripted"
+)
+
+// The agent-tool benchmarks mirror /work/shared/bench/cf-reference: the
+// parent "Assistant" is a chat agent; the child "Researcher" is a
+// declarative chat agent whose scripted model streams 20 text deltas of
+// "abcde" with no delay and no tools. One run is therefore 28 agent-tool
+// events on the wire, as in the reference: started, 26 chunks (start,
+// start-step, text-start, 20 text-delta, text-end, finish-step, finish) and
+// finished.
+
+const (
+	researcherDeltas = 20
+	framesPerRun     = researcherDeltas + 8
+)
+
+// researcherModel streams 20 × "abcde".
+func researcherModel() model.Model {
+	return scripted.New(scripted.WithChunkSize(5), scripted.WithDelay(0),
+		scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text(strings.Repeat("abcde", researcherDeltas))})))
+}
+
+// toolKit is shared by the classes of one benchmark server.
+type toolKit struct {
+	researcher model.Model
+
+	// progressFor is how long the Prog child reports progress; progress
+	// receives the number of signals it reported.
+	progressFor time.Duration
+	progress    chan int
+
+	// detached completion times, by run id: when the child's handler
+	// returned, and when the parent's OnDone ran.
+	mu        sync.Mutex
+	completed map[string]time.Time
+	finished  map[string]chan time.Time
+}
+
+func newToolKit() *toolKit {
+	return &toolKit{researcher: researcherModel(), progress: make(chan int, 16),
+		completed: map[string]time.Time{}, finished: map[string]chan time.Time{}}
+}
+
+// toolParent is the parent: a chat agent with a callable that runs one
+// awaited child (the reference's runOnce) and a detached OnFinish.
+type toolParent struct {
+	chat.Base
+	k *toolKit
+}
+
+func (p *toolParent) ChatModel() model.Model { return p.k.researcher }
+
+// RunOnce runs one awaited Researcher and returns its result.
+func (p *toolParent) RunOnce(ctx context.Context) (agenttool.Result, error) {
+	return agenttool.RunAgentTool(ctx, p, "Researcher", agenttool.RunOptions{Input: map[string]string{"query": "q"}})
+}
+
+// OnDone is the OnFinish of detached runs.
+func (p *toolParent) OnDone(ctx context.Context, run agenttool.Run, res agenttool.Result) error {
+	now := time.Now()
+	p.k.mu.Lock()
+	ch := p.k.finished[run.RunID]
+	p.k.mu.Unlock()
+	if ch != nil {
+		ch <- now
+	}
+	return nil
+}
+
+// toolResearcher is the trivial streaming child.
+type toolResearcher struct {
+	chat.Base
+	k *toolKit
+}
+
+func (r *toolResearcher) ChatModel() model.Model { return r.k.researcher }
+
+// progChild calls its tool "work", which reports progress in a tight loop
+// for k.progressFor, then answers "done".
+type progChild struct {
+	chat.Base
+	k *toolKit
+	m model.Model
+}
+
+func (c *progChild) ChatModel() model.Model { return c.m }
+
+type workInput struct{}
+
+func (c *progChild) Tools() []chat.Tool {
+	return []chat.Tool{chat.NewTool("work", "Work and report progress.", func(ctx context.Context, in workInput) (string, error) {
+		n := 0
+		start := time.Now()
+		for time.Since(start) < c.k.progressFor {
+			if err := agenttool.ReportProgress(ctx, agenttool.Progress{Fraction: agenttool.Fraction(0.5), Message: "working"}); err != nil {
+				return "", err
+			}
+			n++
+		}
+		c.k.progress <- n
+		return "ok", nil
+	})}
+}
+
+func progModel() model.Model {
+	return scripted.New(scripted.WithDelay(0),
+		scripted.WithRules(scripted.Rule{Match: scripted.LastIsToolResult, Reply: scripted.Always(scripted.Reply{scripted.Text("done")})}),
+		scripted.WithDefault(scripted.Always(scripted.Reply{scripted.ToolCall("work", workInput{})})))
+}
+
+// detChild is a handler child: it writes one text part and returns; the
+// time it returns is the run's completion.
+type detChild struct {
+	chat.Base
+	k *toolKit
+}
+
+func (c *detChild) OnChatMessage(ctx context.Context, t *chat.Turn) error {
+	if err := t.WriteText("done"); err != nil {
+		return err
+	}
+	c.k.mu.Lock()
+	c.k.completed[c.Name()] = time.Now()
+	c.k.mu.Unlock()
+	return nil
+}
+
+func startToolEnv(b *testing.B, k *toolKit, sendQueue ...int) *benchEnv {
+	b.Helper()
+	return startBenchEnv(b, []agent.Class{
+		{Name: "Assistant", New: func() agent.Agent { return &toolParent{k: k} }, Callable: []string{"runOnce"}},
+		{Name: "Researcher", New: func() agent.Agent { return &toolResearcher{k: k} }},
+		{Name: "Prog", New: func() agent.Agent { return &progChild{k: k, m: progModel()} }},
+		{Name: "DetChild", New: func() agent.Agent { return &detChild{k: k} }},
+	}, true, sendQueue...)
+}
+
+func getParent(b *testing.B, e *benchEnv, name string) *toolParent {
+	b.Helper()
+	a, err := e.rt.Get(context.Background(), agent.Root("Assistant", name))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return a.(*toolParent)
+}
+
+func checkResearch(res agenttool.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	if res.Status != agenttool.StatusCompleted || len(res.Summary) != 5*researcherDeltas {
+		return fmt.Errorf("run %s: status %s, summary %q, error %q", res.RunID, res.Status, res.Summary, res.Error)
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+// 2a. Awaited runs.
+
+// BenchmarkAgentToolAwaited measures awaited RunAgentTool calls of the
+// trivial streaming child. One op is one run: a new run id, so a new child
+// instance (a sub-agent row, its chat tables, its turn), and the result
+// recorded in the parent's registry.
+//
+//   - direct/workers=N: N goroutines call RunAgentTool in-process on one
+//     parent (no client connected).
+//   - ws-rpc: a WebSocket client calls the parent's callable runOnce over RPC,
+//     one call at a time, like the reference's "single awaited run, WS RPC";
+//     the client also receives the run's 28 live agent-tool-event frames.
+func BenchmarkAgentToolAwaited(b *testing.B) {
+	for _, w := range []int{1, 4, 16} {
+		b.Run(fmt.Sprintf("direct/workers=%d", w), func(b *testing.B) { benchAwaitedDirect(b, w) })
+	}
+	b.Run("ws-rpc", benchAwaitedRPC)
+}
+
+func benchAwaitedDirect(b *testing.B, workers int) {
+	e := startToolEnv(b, newToolKit())
+	p := getParent(b, e, "awaited")
+	ctx := context.Background()
+	// Warm up: the first run creates the tables' first rows.
+	if err := checkResearch(p.RunOnce(ctx)); err != nil {
+		b.Fatal(err)
+	}
+	lat := make([]time.Duration, b.N)
+	u0 := e.db.updates.Load()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					return
+				}
+				t0 := time.Now()
+				res, err := p.RunOnce(ctx)
+				lat[i] = time.Since(t0)
+				if err := checkResearch(res, err); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	waitStable(&e.db.updates)
+	reportPercentiles(b, lat, "run", "ms", 50, 95, 99)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "runs/s")
+	b.ReportMetric(float64(e.db.updates.Load()-u0)/float64(b.N), "tx/run")
+}
+
+func benchAwaitedRPC(b *testing.B) {
+	e := startToolEnv(b, newToolKit())
+	ctx := context.Background()
+	c, err := dialRPC(ctx, e.url("/agents/assistant/rpc"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.c.CloseNow()
+	if _, err := c.call(ctx, "runOnce", nil); err != nil {
+		b.Fatal(err)
+	}
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		t0 := time.Now()
+		res, err := c.call(ctx, "runOnce", nil)
+		lat[i] = time.Since(t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !bytes.Contains(res, []byte(`"status":"completed"`)) {
+			b.Fatalf("runOnce: %s", res)
+		}
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	reportPercentiles(b, lat, "run", "ms", 50, 95, 99)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "runs/s")
+}
+
+// ---------------------------------------------------------------------------
+// 2b. Fan-out.
+
+// BenchmarkAgentToolFanOut dispatches n awaited runs of the trivial child
+// concurrently from one parent under one ParentToolCallID (one goroutine per
+// run) and times until all have completed. Each op uses a new parent. No
+// client is connected (the reference's fan-out is an HTTP call).
+func BenchmarkAgentToolFanOut(b *testing.B) {
+	for _, n := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) { benchFanOut(b, n) })
+	}
+}
+
+// fanOut runs n children of p concurrently and returns the first error.
+func fanOut(ctx context.Context, p *toolParent, n int, toolCall string) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := agenttool.RunAgentTool(ctx, p, "Researcher", agenttool.RunOptions{
+				Input: map[string]string{"query": "q"}, ParentToolCallID: toolCall, DisplayOrder: i})
+			if err := checkResearch(res, err); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func benchFanOut(b *testing.B, n int) {
+	e := startToolEnv(b, newToolKit())
+	ctx := context.Background()
+	if err := checkResearch(getParent(b, e, "warm").RunOnce(ctx)); err != nil {
+		b.Fatal(err)
+	}
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		b.StopTimer()
+		p := getParent(b, e, fmt.Sprintf("fan-%d", i))
+		b.StartTimer()
+		t0 := time.Now()
+		if err := fanOut(ctx, p, n, "call-fan"); err != nil {
+			b.Fatal(err)
+		}
+		lat[i] = time.Since(t0)
+	}
+	b.StopTimer()
+	var sum time.Duration
+	for _, d := range lat {
+		sum += d
+	}
+	reportPercentiles(b, lat, "all-done", "ms", 50, 95)
+	b.ReportMetric(float64(n*b.N)/sum.Seconds(), "runs/s")
+}
+
+// ---------------------------------------------------------------------------
+// 2c. Connect replay.
+
+// BenchmarkAgentToolReplay measures the connect replay of a warm parent
+// that retains n finished runs of the trivial child (28 frames each). The
+// runs are created before the timer (fan-outs of 100 under one tool call).
+// One op: dial a WebSocket to the parent and read until the n×28-th
+// agent-tool-event frame; the time is from the dial to that last replay
+// frame. bytes and frames count the agent-tool-event frames (every one must
+// carry replay:true).
+//
+// The queue=default cases use the server's default send queue (64 MiB per
+// client since the fix of BENCHMARKS.md finding 1); frames-before-close
+// stays 0 unless the server cuts the replay off.
+func BenchmarkAgentToolReplay(b *testing.B) {
+	for _, q := range []int{0} {
+		for _, n := range []int{100, 200, 1000} {
+			qs := "default"
+			if q > 0 {
+				qs = fmt.Sprint(q)
+			}
+			b.Run(fmt.Sprintf("queue=%s/runs=%d", qs, n), func(b *testing.B) { benchReplay(b, n, q) })
+		}
+	}
+}
+
+func benchReplay(b *testing.B, n, queue int) {
+	var qs []int
+	if queue > 0 {
+		qs = []int{queue}
+	}
+	e := startToolEnv(b, newToolKit(), qs...)
+	ctx := context.Background()
+	p := getParent(b, e, "replay")
+	for done := 0; done < n; done += 100 {
+		if err := fanOut(ctx, p, min(100, n-done), fmt.Sprintf("call-%d", done)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	want := n * framesPerRun
+	lat := make([]time.Duration, b.N)
+	var bytesN, framesN, otherN int
+	b.ResetTimer()
+	for i := range b.N {
+		t0 := time.Now()
+		c, _, err := websocket.Dial(ctx, e.url("/agents/assistant/replay"), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.SetReadLimit(-1)
+		frames, size, other := 0, 0, 0
+		for frames < want {
+			_, data, err := c.Read(ctx)
+			if err != nil {
+				if queue == 0 && websocket.CloseStatus(err) == websocket.StatusTryAgainLater {
+					b.StopTimer()
+					b.ReportMetric(float64(frames), "frames-before-close")
+					return
+				}
+				b.Fatalf("after %d of %d replay frames: %v", frames, want, err)
+			}
+			if frameType(data) != agenttool.FrameType {
+				other++
+				continue
+			}
+			if !bytes.Contains(data, []byte(`"replay":true`)) {
+				b.Fatalf("live frame during the replay: %s", data)
+			}
+			frames++
+			size += len(data)
+		}
+		lat[i] = time.Since(t0)
+		b.StopTimer()
+		c.Close(websocket.StatusNormalClosure, "")
+		bytesN, framesN, otherN = size, frames, other
+		b.StartTimer()
+	}
+	b.StopTimer()
+	reportPercentiles(b, lat, "replay", "ms", 50, 95)
+	b.ReportMetric(0, "frames-before-close")
+	b.ReportMetric(float64(framesN), "frames")
+	b.ReportMetric(float64(bytesN), "bytes")
+	b.ReportMetric(float64(otherN), "connect-frames")
+}
+
+// ---------------------------------------------------------------------------
+// 3a. Progress signals.
+
+// BenchmarkAgentToolProgress runs one awaited child whose tool calls
+// ReportProgress in a tight loop for 1 s (fraction 0.5, so every signal is
+// subject to the 200 ms coalescing), with one WebSocket client connected to
+// the parent. It reports the signals the child emitted per second and the
+// progress frames (agent-tool-event chunks carrying data-agent-progress)
+// that reached the client.
+func BenchmarkAgentToolProgress(b *testing.B) {
+	k := newToolKit()
+	k.progressFor = time.Second
+	e := startToolEnv(b, k)
+	ctx := context.Background()
+	p := getParent(b, e, "progress")
+	c, err := dialUntil(ctx, e.url("/agents/assistant/progress"), "cf_agent_mcp_servers")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.CloseNow()
+	var signals, frames int
+	var loop time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		runID := fmt.Sprintf("prog-%d", i)
+		res, err := agenttool.RunAgentTool(ctx, p, "Prog", agenttool.RunOptions{RunID: runID, Input: "go"})
+		if err != nil || res.Status != agenttool.StatusCompleted {
+			b.Fatalf("run: %+v %v", res, err)
+		}
+		signals += <-k.progress
+		loop += k.progressFor
+		// Read this run's frames up to its terminal event.
+		runKey := []byte(`"runId":"` + runID + `"`)
+		for {
+			_, data, err := c.Read(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if frameType(data) != agenttool.FrameType || !bytes.Contains(data, runKey) {
+				continue
+			}
+			if bytes.Contains(data, []byte(`data-agent-progress`)) {
+				frames++
+			}
+			if bytes.Contains(data, []byte(`"kind":"finished"`)) {
+				break
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(signals)/loop.Seconds(), "signals/s")
+	b.ReportMetric(float64(frames)/float64(b.N), "progress-frames/run")
+	b.ReportMetric(float64(frames)/loop.Seconds(), "progress-frames/s")
+}
+
+// ---------------------------------------------------------------------------
+// 3b. Detached completion to OnFinish.
+
+// BenchmarkAgentToolDetachedFinish dispatches detached runs one at a time
+// (OnFinish "OnDone") of a handler child that writes one text part and
+// returns, and measures the fast path: from the moment the child's handler
+// returned (its completion) to the parent's OnDone call, and from the
+// dispatch to OnDone.
+func BenchmarkAgentToolDetachedFinish(b *testing.B) {
+	k := newToolKit()
+	e := startToolEnv(b, k)
+	ctx := context.Background()
+	p := getParent(b, e, "detached")
+	toFinish := make([]time.Duration, b.N)
+	total := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		runID := fmt.Sprintf("det-%d", i)
+		ch := make(chan time.Time, 1)
+		k.mu.Lock()
+		k.finished[runID] = ch
+		k.mu.Unlock()
+		t0 := time.Now()
+		res, err := agenttool.RunAgentTool(ctx, p, "DetChild", agenttool.RunOptions{RunID: runID, Input: "go",
+			Detached: &agenttool.DetachedOptions{OnFinish: "OnDone"}})
+		if err != nil || res.Status != agenttool.StatusRunning {
+			b.Fatalf("dispatch: %+v %v", res, err)
+		}
+		var at time.Time
+		select {
+		case at = <-ch:
+		case <-time.After(time.Minute):
+			b.Fatal("OnDone was not called")
+		}
+		k.mu.Lock()
+		done, ok := k.completed[runID]
+		k.mu.Unlock()
+		if !ok {
+			b.Fatal("the child did not record its completion")
+		}
+		toFinish[i] = at.Sub(done)
+		total[i] = at.Sub(t0)
+	}
+	b.StopTimer()
+	reportPercentiles(b, toFinish, "complete-to-onfinish", "µs", 50, 99)
+	reportPercentiles(b, total, "dispatch-to-onfinish", "µs", 50, 99)
+}
