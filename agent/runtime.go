@@ -285,6 +285,18 @@ func (rt *Runtime) Resident(path Path) bool {
 	return ok
 }
 
+// Lookup returns the instance at path if it is in memory and ready, without
+// hydrating it.
+func (rt *Runtime) Lookup(path Path) (Agent, bool) {
+	rt.mu.Lock()
+	in, ok := rt.instances[path.String()]
+	rt.mu.Unlock()
+	if !ok || !in.isReady() || in.hydrateErr != nil {
+		return nil, false
+	}
+	return in.agent, true
+}
+
 // ResidentCount returns how many instances are in memory.
 func (rt *Runtime) ResidentCount() int {
 	rt.mu.Lock()

@@ -99,6 +99,13 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	if insp != nil && insp.RequestID != "" {
 		return h.track(runID, insp.RequestID, insp.Status != childRunning), nil
 	}
+	if insp != nil && (len(input) == 0 || string(input) == "null") {
+		// Recorded but never started (a crash in between): start it with
+		// the input it was recorded with.
+		if stored, err := h.childInput(ctx, runID); err == nil && len(stored) > 0 {
+			input = stored
+		}
+	}
 	now := h.rt.Clock().Now().UnixMilli()
 	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO agent_tool_child_runs (instance_id, run_id, status, input_json, started_at)
@@ -349,4 +356,16 @@ func (h *host) resumeChildRuns(ctx context.Context) error {
 		h.track(p.runID, p.streamID, false)
 	}
 	return nil
+}
+
+// childInput returns the input a child run was recorded with.
+func (h *host) childInput(ctx context.Context, runID string) (json.RawMessage, error) {
+	var in sql.NullString
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT input_json FROM agent_tool_child_runs WHERE instance_id = ? AND run_id = ?`, h.iid, runID).Scan(&in)
+	})
+	if err != nil || !in.Valid {
+		return nil, err
+	}
+	return json.RawMessage(in.String), nil
 }

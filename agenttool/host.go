@@ -69,10 +69,11 @@ type host struct {
 	// replayed holds, per connection, the last sequence its replay sent of
 	// runs that were in flight: a forwarder that catches up later sends
 	// those frames again, and the connection must not get them twice.
-	replayed map[*agent.Conn]map[string]int64
-	hasRuns  int                  // -1 unknown, 0 none, 1 some
-	child    map[string]*childRun // child: runs executing here
-	stale    []runRow             // parent: runs in flight when hydrated
+	replayed  map[*agent.Conn]map[string]int64
+	hasRuns   int                      // -1 unknown, 0 none, 1 some
+	child     map[string]*childRun     // child: runs executing here
+	stale     []runRow                 // parent: runs in flight when hydrated
+	unstarted map[string]chan struct{} // parent: recovered runs whose child never started
 }
 
 var (
@@ -105,6 +106,7 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	h.live = map[string]*liveRun{}
 	h.replaying = map[*agent.Conn]*[]pendingFrame{}
 	h.admitted = map[*agent.Conn]bool{}
+	h.unstarted = map[string]chan struct{}{}
 	h.replayed = map[*agent.Conn]map[string]int64{}
 	h.child = map[string]*childRun{}
 	h.hasRuns = -1

@@ -91,6 +91,11 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		cr    *childRun
 	}
 	var reattach []pending
+	type waiting struct {
+		row     runRow
+		started chan struct{}
+	}
+	var unstarted []waiting
 	for _, row := range rows {
 		h.mu.Lock()
 		_, live := h.live[row.RunID]
@@ -115,11 +120,25 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		case insp != nil && insp.Status != childRunning:
 			// Finished while the parent was away: collect it.
 			h.recoveredRow(ctx, row, start, resultFromInspection(*insp), ch.streamNext(ctx, row.RunID))
-		case insp == nil || insp.RequestID == "":
-			// The child never started its turn (the parent died between
-			// recording the run and starting it): nothing will progress.
-			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
-				Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, 0)
+		case insp == nil:
+			// The parent died before the child recorded the run: there is
+			// no input to start it with. A re-dispatch of the same run id
+			// (a recovered chat turn repeating its tool call) starts it;
+			// wait for that within the no-progress budget.
+			h.mu.Lock()
+			started := make(chan struct{})
+			h.unstarted[row.RunID] = started
+			h.mu.Unlock()
+			unstarted = append(unstarted, waiting{row, started})
+		case insp.RequestID == "":
+			// Recorded but its turn never started: start it with the input
+			// it was recorded with, then follow it.
+			cr, err := ch.startChildRun(ctx, row.RunID, nil, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()})
+			if err != nil {
+				h.recoveredRow(ctx, row, start, Result{Status: StatusError, Error: err.Error()}, 0)
+				continue
+			}
+			reattach = append(reattach, pending{row, child, ch, cr})
 		default:
 			cr := ch.track(row.RunID, insp.RequestID, false)
 			reattach = append(reattach, pending{row, child, ch, cr})
@@ -127,6 +146,30 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 	}
 	var wg sync.WaitGroup
 	lim := h.reattachLimits()
+	for _, w := range unstarted {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var timeout <-chan time.Time
+			if lim.noProgress > 0 {
+				t := clock.NewTimer(lim.noProgress)
+				defer t.Stop()
+				timeout = t.Chan()
+			}
+			select {
+			case <-w.started:
+				return // the re-dispatch follows it to its end
+			case <-timeout:
+			case <-ctx.Done():
+				return
+			}
+			h.mu.Lock()
+			delete(h.unstarted, w.row.RunID)
+			h.mu.Unlock()
+			h.recoveredRow(ctx, w.row, start, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
+				Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, 0)
+		}()
+	}
 	for _, p := range reattach {
 		wg.Add(1)
 		go func() {

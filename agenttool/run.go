@@ -51,14 +51,14 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 	if err != nil {
 		return Result{}, err
 	}
-	if row, ok, err := h.readRun(ctx, runID); err != nil {
-		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
-	} else if ok {
-		return h.redispatch(ctx, row, det.Detached)
-	}
 	input, err := json.Marshal(opts.Input)
 	if err != nil {
 		return Result{}, fmt.Errorf("agenttool: marshal input: %w", err)
+	}
+	if row, ok, err := h.readRun(ctx, runID); err != nil {
+		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
+	} else if ok {
+		return h.redispatch(ctx, row, det.Detached, input)
 	}
 	preview, err := inputPreview(opts.InputPreview, opts.Input, input)
 	if err != nil {
@@ -113,7 +113,7 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 		if err != nil {
 			return Result{}, fmt.Errorf("agenttool: read run: %w", err)
 		}
-		return h.redispatch(ctx, row, det.Detached)
+		return h.redispatch(ctx, row, det.Detached, input)
 	}
 	if !inserted {
 		capErr := &CapError{Max: maxActive}
@@ -187,7 +187,7 @@ func (h *host) dispatchFailed(ctx context.Context, row runRow, msg string) (Resu
 // run returns its stored result, detached or not; a run in flight is
 // followed to its end (awaited) or answered with a running handle
 // (detached).
-func (h *host) redispatch(ctx context.Context, row runRow, detached bool) (Result, error) {
+func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input json.RawMessage) (Result, error) {
 	if row.Status.Hard() {
 		return row.Result(), nil
 	}
@@ -218,13 +218,27 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool) (Resul
 	if err != nil {
 		return Result{}, err
 	}
+	var cr *childRun
 	if insp == nil || insp.RequestID == "" {
 		// The parent died between recording the run and starting the
-		// child; there is no input to start it with.
-		return h.finish(ctx, row, Result{Status: StatusInterrupted, Error: interruptedMessage(ReasonNoProgress),
-			Reason: ReasonNoProgress, ChildStillRunning: ptr(false)}, 0)
+		// child (or the child between recording it and starting its turn):
+		// start it now, with this dispatch's input. Starting is idempotent.
+		cr, err = ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()})
+		if err != nil {
+			return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
+		}
+		if err := h.markRunning(ctx, row.RunID); err != nil {
+			return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
+		}
+		h.mu.Lock()
+		if ch, ok := h.unstarted[row.RunID]; ok {
+			close(ch) // a recovery waiting for this re-dispatch stops waiting
+			delete(h.unstarted, row.RunID)
+		}
+		h.mu.Unlock()
+	} else {
+		cr = ch.track(row.RunID, insp.RequestID, insp.Status != childRunning)
 	}
-	cr := ch.track(row.RunID, insp.RequestID, insp.Status != childRunning)
 	h.publish("recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
 	return h.await(ctx, row, child, cr, h.reattachLimits())
 }
@@ -292,6 +306,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	var gaveUp Reason
 	select {
 	case <-cr.done:
+	case <-h.rt.Context().Done():
 	case <-idleC:
 		gaveUp = ReasonNoProgress
 	case <-windowC:
@@ -394,7 +409,7 @@ func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Re
 		}
 		return stored.Result(), nil
 	}
-	h.broadcast(row.ParentToolCallID, terminalSeq(marks), terminalEvent(res))
+	h.current().broadcast(row.ParentToolCallID, terminalSeq(marks), terminalEvent(res))
 	run := row.Run
 	run.Status, run.Summary, run.Output, run.Error = res.Status, res.Summary, res.Output, res.Error
 	run.Reason, run.ChildStillRunning = res.Reason, res.ChildStillRunning
@@ -489,4 +504,18 @@ func truncateRunes(s string, n int) string {
 		return s
 	}
 	return string(r[:n])
+}
+
+// current returns the host of the parent instance now in memory: this one,
+// or — when this parent was evicted while it awaited a run — the one that
+// replaced it, so the clients connected there see the run's end.
+func (h *host) current() *host {
+	a, ok := h.rt.Lookup(h.b.Path())
+	if !ok || a == h.a {
+		return h
+	}
+	if cur, err := hostOf(a); err == nil {
+		return cur
+	}
+	return h
 }

@@ -28,6 +28,7 @@ var (
 	_ agent.LayerFrameHandler = (*Base)(nil)
 	_ agent.LayerHTTPHandler  = (*Base)(nil)
 	_ agent.LayerCloser       = (*Base)(nil)
+	_ agent.LayerStarted      = (*Base)(nil)
 )
 
 // wakeReason is the KeepAwake reason of an instance with unfinished turns.
@@ -98,10 +99,19 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		t.recovering = row.Status == statusStreaming
 		c.queue = append(c.queue, t)
 	}
-	c.startWorkerLocked()
+	// The worker starts in LayerStarted, once every layer of the agent is
+	// ready: a recovered turn may run tools that use them.
 	c.mu.Unlock()
 	rt.Diag().Publish(diag.ChannelChat, "recover", b.Path().String(), map[string]any{"turns": len(unfinished)})
 	return nil
+}
+
+// LayerStarted starts the turns recovered by StartLayer.
+func (b *Base) LayerStarted(ctx context.Context) {
+	c := b.c
+	c.mu.Lock()
+	c.startWorkerLocked()
+	c.mu.Unlock()
 }
 
 // Messages returns a copy of the transcript.

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"runtime/debug"
 
 	"github.com/google/jsonschema-go/jsonschema"
 
@@ -123,6 +125,7 @@ func (t Tool) Execute(ctx context.Context, input json.RawMessage) (out any, err 
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("tool %s panicked: %v", t.Name, p)
+			slog.Default().ErrorContext(ctx, "chat: tool panicked", "tool", t.Name, "panic", p, "stack", string(debug.Stack()))
 		}
 	}()
 	return t.exec(ctx, input)

@@ -1,0 +1,5 @@
+//go:build !race
+
+package toolcrash
+
+const raceEnabled = false
