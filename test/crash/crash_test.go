@@ -8,30 +8,13 @@ package crash
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/agentry/agentry/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "agentry-crash-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	agentryBin, err = buildAgentry(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		mustRemoveAll(dir)
-		os.Exit(1)
-	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		mustRemoveAll(dir)
-		os.Exit(code)
-	}))
-}
+func TestMain(m *testing.M) { testenv.Main(m, agentry) }
 
 const instancePath = "Counter/crash" // the storage key of /agents/counter/crash
 

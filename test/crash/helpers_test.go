@@ -1,138 +1,46 @@
 package crash
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/agentry/agentry/internal/testenv"
+
 	_ "modernc.org/sqlite" // the test reads the server's database file directly
 )
 
-// agentryBin is the cmd/agentry binary built once by TestMain.
-var agentryBin string
-
-// buildAgentry builds cmd/agentry into dir (with -race when the tests run
-// with -race, so a data race in the server fails its clean exit).
-func buildAgentry(dir string) (string, error) {
-	bin := filepath.Join(dir, "agentry")
-	args := []string{"build", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "github.com/agentry/agentry/cmd/agentry")
-	cmd := exec.Command("go", args...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build cmd/agentry: %v\n%s", err, out)
-	}
-	return bin, nil
-}
+// agentry is cmd/agentry, built once (with -race when the tests run with
+// -race, so that a data race in the server fails its clean exit).
+var agentry = &testenv.Binary{Pkg: "github.com/agentry/agentry/cmd/agentry", Race: testenv.Race}
 
 // server is one `agentry serve` subprocess.
 type server struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	addr string // host:port it listens on
-
-	mu     sync.Mutex
-	stderr bytes.Buffer
-
-	eof    chan struct{} // closed when stderr reached EOF
-	exited bool
+	*testenv.Process
+	t *testing.T
 }
-
-var listeningAddr = regexp.MustCompile(`msg="agentry listening" addr=http://(\S+)`)
 
 // startServer runs `agentry serve --addr 127.0.0.1:0 --data dir` and returns
 // once the process logged the address it listens on.
 func startServer(t *testing.T, dir string) *server {
 	t.Helper()
-	cmd := exec.Command(agentryBin, "serve", "--addr", "127.0.0.1:0", "--data", dir, "-v")
-	// A -race build sleeps 1s at exit by default; a race still fails the
-	// exit status.
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
-	pipe, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &server{t: t, cmd: cmd, eof: make(chan struct{})}
-	addrc := make(chan string, 1)
-	go func() {
-		defer close(s.eof)
-		sc := bufio.NewScanner(pipe)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		found := false
-		for sc.Scan() {
-			line := sc.Text()
-			s.mu.Lock()
-			s.stderr.WriteString(line + "\n")
-			s.mu.Unlock()
-			if !found {
-				if m := listeningAddr.FindStringSubmatch(line); m != nil {
-					found = true
-					addrc <- m[1]
-				}
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		if !s.exited {
-			s.kill()
-		}
-		if t.Failed() {
-			t.Logf("server stderr:\n%s", s.log())
-		}
-	})
-	select {
-	case s.addr = <-addrc:
-	case <-s.eof:
-		s.kill()
-		t.Fatalf("agentry exited before listening:\n%s", s.log())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("agentry did not log its address within 30s:\n%s", s.log())
-	}
-	return s
-}
-
-func (s *server) log() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stderr.String()
-}
-
-// wait waits for the process to exit (after its stderr closed, as
-// exec.Cmd.Wait requires) and returns Wait's error.
-func (s *server) wait() error {
-	<-s.eof
-	s.exited = true
-	return s.cmd.Wait()
+	p := testenv.StartProcess(t, 30*time.Second, agentry.Path(t), "serve", "--addr", "127.0.0.1:0", "--data", dir, "-v")
+	return &server{Process: p, t: t}
 }
 
 // kill SIGKILLs the process: no shutdown code runs.
 func (s *server) kill() {
 	s.t.Helper()
-	if err := s.cmd.Process.Kill(); err != nil {
-		s.t.Fatalf("kill: %v", err)
-	}
-	err := s.wait()
+	err := s.Kill()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		s.t.Fatalf("after SIGKILL, Wait = %v; want killed by SIGKILL", err)
@@ -144,12 +52,7 @@ func (s *server) kill() {
 func (s *server) term() {
 	s.t.Helper()
 	start := time.Now()
-	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		s.t.Fatalf("SIGTERM: %v", err)
-	}
-	if err := s.wait(); err != nil {
-		s.t.Fatalf("after SIGTERM, agentry exited with %v; want status 0\n%s", err, s.log())
-	}
+	s.Stop()
 	s.t.Logf("clean shutdown took %v", time.Since(start))
 }
 
@@ -193,7 +96,7 @@ func dial(t *testing.T, s *server, name string) (*client, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, _, err := websocket.Dial(ctx, "ws://"+s.addr+"/agents/counter/"+name, nil)
+	c, _, err := websocket.Dial(ctx, "ws://"+s.Host+"/agents/counter/"+name, nil)
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
@@ -354,10 +257,4 @@ func readDB(t *testing.T, dir, path, scheduleID string) dbFacts {
 		}
 	}
 	return f
-}
-
-func mustRemoveAll(dir string) {
-	if err := os.RemoveAll(dir); err != nil {
-		fmt.Fprintln(os.Stderr, "crash: remove", dir, err)
-	}
 }

@@ -5,28 +5,21 @@
 package detachedcrash
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"os/exec"
-	"path/filepath"
-	"regexp"
-	"runtime"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-	"go.uber.org/goleak"
-
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// serverBin is test/detachedcrash/server, built once.
+var serverBin = &testenv.Binary{Pkg: "github.com/agentry/agentry/test/detachedcrash/server"}
+
+func TestMain(m *testing.M) { testenv.Main(m, serverBin) }
 
 // waitLimit bounds every wait: a deadline for a broken test, never a way to
 // let time pass.
@@ -37,93 +30,10 @@ const (
 	runNotify   = "bg-notify"
 )
 
-func buildServer(t *testing.T) string {
+// start runs the server on the data folder and returns once it listens.
+func start(t *testing.T, data string) *testenv.Process {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	bin := filepath.Join(t.TempDir(), "detachedcrash-server")
-	cmd := exec.Command("go", "build", "-o", bin, "./server")
-	cmd.Dir = filepath.Dir(file)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// proc is a running server process.
-type proc struct {
-	cmd    *exec.Cmd
-	addr   string
-	mu     sync.Mutex
-	lines  []string
-	readen chan struct{}
-}
-
-var listenRe = regexp.MustCompile(`agentry listening.* addr=http://(\S+)`)
-
-func start(t *testing.T, bin, data string) *proc {
-	t.Helper()
-	cmd := exec.Command(bin, "--addr", "127.0.0.1:0", "--data", data, "--delay", "100ms")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, readen: make(chan struct{})}
-	addr := make(chan string, 1)
-	go func() {
-		defer close(p.readen)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.lines = append(p.lines, line)
-			p.mu.Unlock()
-			if m := listenRe.FindStringSubmatch(line); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	t.Cleanup(p.kill)
-	select {
-	case p.addr = <-addr:
-	case <-p.readen:
-		t.Fatalf("server exited before listening:\n%s", p.log())
-	case <-time.After(waitLimit):
-		t.Fatalf("server did not report its address:\n%s", p.log())
-	}
-	return p
-}
-
-func (p *proc) log() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return strings.Join(p.lines, "\n")
-}
-
-// kill sends SIGKILL (if the process still runs) and reaps it.
-func (p *proc) kill() {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.readen
-	p.cmd.Wait()
-}
-
-// stop shuts the server down with SIGTERM and waits for it.
-func (p *proc) stop(t *testing.T) {
-	t.Helper()
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.readen:
-	case <-time.After(waitLimit):
-		t.Fatal("server did not stop on SIGTERM")
-	}
-	if err := p.cmd.Wait(); err != nil {
-		t.Fatalf("server exited with %v:\n%s", err, p.log())
-	}
+	return testenv.StartProcess(t, waitLimit, serverBin.Path(t), "--addr", "127.0.0.1:0", "--data", data, "--delay", "100ms")
 }
 
 // frame is what the test reads of a server frame.
@@ -142,132 +52,84 @@ type frame struct {
 
 // client is a WebSocket connection to the parent that records frames.
 type client struct {
-	t       *testing.T
-	c       *websocket.Conn
-	done    chan struct{}
-	mu      sync.Mutex
-	frames  []frame
-	events  int // frames that are not RPC answers: every state change
-	changed chan struct{}
-	nextID  int
+	t      *testing.T
+	ws     *testenv.WSClient[frame]
+	nextID int
 }
 
-func dial(t *testing.T, addr string) *client {
+func dial(t *testing.T, host string) *client {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, resp, err := websocket.Dial(ctx, "ws://"+addr+"/agents/crash-parent/p1", nil)
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	c.SetReadLimit(-1)
-	cl := &client{t: t, c: c, done: make(chan struct{}), changed: make(chan struct{})}
-	go func() {
-		defer close(cl.done)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				return
-			}
-			var f frame
-			if json.Unmarshal(data, &f) != nil {
-				continue
-			}
-			cl.mu.Lock()
-			cl.frames = append(cl.frames, f)
-			if f.Type != "rpc" {
-				cl.events++
-			}
-			close(cl.changed)
-			cl.changed = make(chan struct{})
-			cl.mu.Unlock()
-		}
-	}()
-	t.Cleanup(cl.close)
-	return cl
+	return &client{t: t, ws: testenv.DialWS[frame](t, waitLimit, "ws://"+host+"/agents/crash-parent/p1")}
 }
 
-func (c *client) close() {
-	c.c.CloseNow()
-	<-c.done
-}
+func (c *client) close() { c.ws.Close() }
 
 // call makes an RPC call and decodes its result into out.
 func (c *client) call(ctx context.Context, method string, out any) {
 	c.t.Helper()
-	c.mu.Lock()
 	c.nextID++
 	id := fmt.Sprint("call-", c.nextID)
-	c.mu.Unlock()
-	req, _ := json.Marshal(map[string]any{"type": "rpc", "id": id, "method": method, "args": []any{}})
-	if err := c.c.Write(ctx, websocket.MessageText, req); err != nil {
+	if err := c.ws.SendContext(ctx, map[string]any{"type": "rpc", "id": id, "method": method, "args": []any{}}); err != nil {
 		c.t.Fatalf("rpc %s: %v", method, err)
 	}
-	for {
-		c.mu.Lock()
-		ch := c.changed
-		var hit *frame
-		for i := range c.frames {
-			if f := c.frames[i]; f.Type == "rpc" && f.ID == id {
+	var hit *frame
+	_, err := c.ws.Wait(ctx, func(fs []testenv.Frame[frame]) bool {
+		for i := range fs {
+			if f := fs[i].Value; fs[i].Err == nil && f.Type == "rpc" && f.ID == id {
 				hit = &f
 			}
 		}
-		c.mu.Unlock()
-		if hit != nil {
-			if !hit.Success {
-				c.t.Fatalf("rpc %s failed: %s", method, hit.Error)
-			}
-			if err := json.Unmarshal(hit.Result, out); err != nil {
-				c.t.Fatalf("rpc %s result %s: %v", method, hit.Result, err)
-			}
-			return
-		}
-		select {
-		case <-ch:
-		case <-c.done:
-			c.t.Fatalf("connection closed during rpc %s", method)
-		case <-ctx.Done():
-			c.t.Fatalf("rpc %s timed out", method)
+		return hit != nil
+	})
+	if err != nil {
+		c.t.Fatalf("rpc %s: %v", method, err)
+	}
+	if !hit.Success {
+		c.t.Fatalf("rpc %s failed: %s", method, hit.Error)
+	}
+	if err := json.Unmarshal(hit.Result, out); err != nil {
+		c.t.Fatalf("rpc %s result %s: %v", method, hit.Result, err)
+	}
+}
+
+// events counts the frames that are not RPC answers: every state change.
+func events(fs []testenv.Frame[frame]) int {
+	n := 0
+	for _, f := range fs {
+		if f.Err == nil && f.Value.Type != "rpc" {
+			n++
 		}
 	}
+	return n
 }
 
 // until re-evaluates cond every time a state-changing frame arrives.
 func (c *client) until(ctx context.Context, what string, cond func() bool) {
 	c.t.Helper()
+	seen := -1
 	for {
-		c.mu.Lock()
-		seen := c.events
-		c.mu.Unlock()
+		_, err := c.ws.Wait(ctx, func(fs []testenv.Frame[frame]) bool {
+			n := events(fs)
+			if n == seen {
+				return false
+			}
+			seen = n
+			return true
+		})
+		if err != nil {
+			c.t.Fatalf("waiting for %s: %v", what, err)
+		}
 		if cond() {
 			return
-		}
-		for {
-			c.mu.Lock()
-			n, ch := c.events, c.changed
-			c.mu.Unlock()
-			if n != seen {
-				break
-			}
-			select {
-			case <-ch:
-			case <-ctx.Done():
-				c.t.Fatalf("timed out waiting for %s", what)
-			}
 		}
 	}
 }
 
 // chunks counts a run's agent-tool chunk frames.
 func (c *client) chunks(runID string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	n := 0
-	for _, f := range c.frames {
-		if f.Type == "agent-tool-event" && f.Event.RunID == runID && f.Event.Kind == "chunk" {
+	for _, fr := range c.ws.Frames() {
+		if f := fr.Value; fr.Err == nil && f.Type == "agent-tool-event" && f.Event.RunID == runID && f.Event.Kind == "chunk" {
 			n++
 		}
 	}
@@ -282,20 +144,10 @@ type runState struct {
 	RunID, Status string
 }
 
-func messages(t *testing.T, addr string) []message.Message {
+func messages(t *testing.T, host string) []message.Message {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/agents/crash-parent/p1/get-messages")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("get-messages: %s", resp.Status)
-	}
 	var msgs []message.Message
-	if err := json.NewDecoder(resp.Body).Decode(&msgs); err != nil {
-		t.Fatal(err)
-	}
+	testenv.GetJSON(t, "http://"+host+"/agents/crash-parent/p1/get-messages", &msgs)
 	return msgs
 }
 
@@ -305,13 +157,12 @@ func messages(t *testing.T, addr string) []message.Message {
 // completed, the notify run adds its message to the parent's chat once (and
 // the parent's model answers it), and both registry rows are completed.
 func TestDetachedDeliveryAfterKill(t *testing.T) {
-	bin := buildServer(t)
 	data := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*waitLimit)
 	defer cancel()
 
-	s1 := start(t, bin, data)
-	c1 := dial(t, s1.addr)
+	s1 := start(t, data)
+	c1 := dial(t, s1.Host)
 	var ids []string
 	c1.call(ctx, "dispatch", &ids)
 	if strings.Join(ids, ",") != runOnFinish+","+runNotify {
@@ -323,11 +174,11 @@ func TestDetachedDeliveryAfterKill(t *testing.T) {
 	if len(before) != 0 {
 		t.Fatalf("delivered before the kill: %+v", before)
 	}
-	s1.kill()
+	s1.Kill()
 	c1.close()
 
-	s2 := start(t, bin, data)
-	c2 := dial(t, s2.addr)
+	s2 := start(t, data)
+	c2 := dial(t, s2.Host)
 	notifyID := "detached-finish:" + runNotify + ":completed"
 	var log []delivery
 	var runs []runState
@@ -335,7 +186,7 @@ func TestDetachedDeliveryAfterKill(t *testing.T) {
 	c2.until(ctx, "both runs delivered", func() bool {
 		c2.call(ctx, "finishLog", &log)
 		c2.call(ctx, "runs", &runs)
-		msgs = messages(t, s2.addr)
+		msgs = messages(t, s2.Host)
 		for _, r := range runs {
 			if r.Status != "completed" {
 				return false
@@ -366,5 +217,5 @@ func TestDetachedDeliveryAfterKill(t *testing.T) {
 	if meta["source"] != "crash-test" || meta["runId"] != runNotify || meta["status"] != "completed" {
 		t.Fatalf("notification metadata = %v", meta)
 	}
-	s2.stop(t)
+	s2.Stop()
 }

@@ -5,33 +5,27 @@
 package toolcrash
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"runtime"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
-
-	"github.com/coder/websocket"
-	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// serverBin is test/toolcrash/server, built once (with -race when the tests
+// run with -race).
+var serverBin = &testenv.Binary{Pkg: "github.com/agentry/agentry/test/toolcrash/server", Race: testenv.Race}
+
+func TestMain(m *testing.M) { testenv.Main(m, serverBin) }
 
 // waitLimit bounds every wait: a deadline for a broken test, never a way to
 // let time pass.
@@ -39,259 +33,87 @@ const waitLimit = 30 * time.Second
 
 const steps = 6 // the Worker's tool steps (server.Steps)
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
-
-// serverBin builds test/toolcrash/server once (with -race when the tests
-// run with -race).
-func serverBin(t *testing.T) string {
+// serve runs the server on the data folder and returns once it listens.
+func serve(t *testing.T, data string) *testenv.Process {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and kills a server")
 	}
-	binOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		dir, err := os.MkdirTemp("", "toolcrash")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "server")
-		args := []string{"build", "-o", binPath}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command("go", append(args, "./server")...)
-		cmd.Dir = filepath.Dir(file)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
-}
-
-// proc is one server process.
-type proc struct {
-	cmd    *exec.Cmd
-	addr   string
-	mu     sync.Mutex
-	log    strings.Builder
-	readen chan struct{}
-}
-
-var listenRe = regexp.MustCompile(`agentry listening"? addr=http://(\S+)`)
-
-func serve(t *testing.T, data string) *proc {
-	t.Helper()
-	cmd := exec.Command(serverBin(t), "--addr", "127.0.0.1:0", "--data", data, "--delay", "40ms")
-	cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=0")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, readen: make(chan struct{})}
-	addr := make(chan string, 1)
-	go func() {
-		defer close(p.readen)
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.log.WriteString(line + "\n")
-			p.mu.Unlock()
-			if m := listenRe.FindStringSubmatch(line); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		if t.Failed() && p.cmd.ProcessState == nil {
-			// A goroutine dump in the log shows where a stuck server waits.
-			p.cmd.Process.Signal(syscall.SIGQUIT)
-			select {
-			case <-p.readen:
-			case <-time.After(5 * time.Second):
-			}
-		}
-		p.kill()
-		if t.Failed() {
-			t.Logf("server log:\n%s", p.logs())
-		}
-	})
-	select {
-	case p.addr = <-addr:
-	case <-p.readen:
-		t.Fatalf("server exited before listening:\n%s", p.logs())
-	case <-time.After(waitLimit):
-		t.Fatalf("server did not report its address:\n%s", p.logs())
-	}
-	return p
-}
-
-func (p *proc) logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
-
-// kill SIGKILLs the process (no shutdown code runs) and reaps it.
-func (p *proc) kill() {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.readen
-	p.cmd.Wait()
-}
-
-// stop asks for a clean shutdown and requires exit status 0 (a race report
-// fails it).
-func (p *proc) stop(t *testing.T) {
-	t.Helper()
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.readen:
-	case <-time.After(waitLimit):
-		t.Fatal("server did not stop on SIGTERM")
-	}
-	if err := p.cmd.Wait(); err != nil {
-		t.Fatalf("server exited with %v:\n%s", err, p.logs())
-	}
+	return testenv.StartProcess(t, waitLimit, serverBin.Path(t), "--addr", "127.0.0.1:0", "--data", data, "--delay", "40ms")
 }
 
 // ---------------------------------------------------------------------------
 // WebSocket client of a Boss.
 
 type client struct {
-	t      *testing.T
-	c      *websocket.Conn
-	done   chan struct{}
-	mu     sync.Mutex
-	frames []agenttool.Frame
-	raw    []json.RawMessage
-	change chan struct{}
+	t  *testing.T
+	ws *testenv.WSClient[agenttool.Frame]
 }
 
-func dial(t *testing.T, p *proc, name string) *client {
+func dial(t *testing.T, p *testenv.Process, name string) *client {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, resp, err := websocket.Dial(ctx, "ws://"+p.addr+"/agents/boss/"+name, nil)
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	c.SetReadLimit(1 << 24)
-	cl := &client{t: t, c: c, done: make(chan struct{}), change: make(chan struct{})}
-	go func() {
-		defer close(cl.done)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				cl.mu.Lock()
-				close(cl.change)
-				cl.change = make(chan struct{})
-				cl.mu.Unlock()
-				return
-			}
-			var f agenttool.Frame
-			_ = json.Unmarshal(data, &f)
-			cl.mu.Lock()
-			if f.Type == agenttool.FrameType {
-				cl.frames = append(cl.frames, f)
-			}
-			cl.raw = append(cl.raw, json.RawMessage(data))
-			close(cl.change)
-			cl.change = make(chan struct{})
-			cl.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() { c.CloseNow(); <-cl.done })
-	return cl
+	return &client{t: t, ws: testenv.DialWS[agenttool.Frame](t, waitLimit, "ws://"+p.Host+"/agents/boss/"+name)}
 }
 
 func (c *client) send(v any) {
 	c.t.Helper()
-	data, _ := json.Marshal(v)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	if err := c.c.Write(ctx, websocket.MessageText, data); err != nil {
-		c.t.Fatalf("write: %v", err)
-	}
+	c.ws.Send(v)
 }
 
 // until waits until pred holds for the frames of the run (all runs when
 // runID is "") and returns them.
 func (c *client) until(what, runID string, pred func([]agenttool.Frame) bool) []agenttool.Frame {
 	c.t.Helper()
-	deadline := time.NewTimer(waitLimit)
-	defer deadline.Stop()
-	for {
-		c.mu.Lock()
-		var fs []agenttool.Frame
-		for _, f := range c.frames {
-			if runID == "" || f.Event.RunID == runID {
-				fs = append(fs, f)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	var fs []agenttool.Frame
+	_, err := c.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
+		fs = nil
+		for _, f := range all {
+			if f.Value.Type == agenttool.FrameType && (runID == "" || f.Value.Event.RunID == runID) {
+				fs = append(fs, f.Value)
 			}
 		}
-		ch := c.change
-		c.mu.Unlock()
-		if pred(fs) {
-			return fs
-		}
-		select {
-		case <-ch:
-		case <-deadline.C:
-			c.t.Fatalf("timed out waiting for %s; frames:\n%s", what, dump(fs))
-		}
+		return pred(fs)
+	})
+	if err != nil {
+		c.t.Fatalf("waiting for %s: %v; frames:\n%s", what, err, dump(fs))
 	}
+	return fs
 }
 
 // rpc calls a Boss method and returns its result.
 func (c *client) rpc(id, method string, args ...any) json.RawMessage {
 	c.t.Helper()
 	c.send(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
-	deadline := time.NewTimer(waitLimit)
-	defer deadline.Stop()
-	for {
-		c.mu.Lock()
-		ch := c.change
-		for _, r := range c.raw {
-			var f struct {
-				Type    string          `json:"type"`
-				ID      string          `json:"id"`
-				Success bool            `json:"success"`
-				Result  json.RawMessage `json:"result"`
-				Error   string          `json:"error"`
-				Done    *bool           `json:"done"`
-			}
-			if json.Unmarshal(r, &f) == nil && f.Type == "rpc" && f.ID == id && (f.Done == nil || *f.Done) {
-				c.mu.Unlock()
-				if !f.Success {
-					c.t.Fatalf("rpc %s: %s", method, f.Error)
-				}
-				return f.Result
-			}
-		}
-		c.mu.Unlock()
-		select {
-		case <-ch:
-		case <-deadline.C:
-			c.t.Fatalf("timed out waiting for rpc %s", method)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	type answer struct {
+		Type    string          `json:"type"`
+		ID      string          `json:"id"`
+		Success bool            `json:"success"`
+		Result  json.RawMessage `json:"result"`
+		Error   string          `json:"error"`
+		Done    *bool           `json:"done"`
 	}
+	var hit *answer
+	_, err := c.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
+		for _, r := range all {
+			var f answer
+			if json.Unmarshal(r.Raw, &f) == nil && f.Type == "rpc" && f.ID == id && (f.Done == nil || *f.Done) {
+				hit = &f
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		c.t.Fatalf("waiting for rpc %s: %v", method, err)
+	}
+	if !hit.Success {
+		c.t.Fatalf("rpc %s: %s", method, hit.Error)
+	}
+	return hit.Result
 }
 
 func terminal(kind string) bool {
@@ -362,20 +184,10 @@ func timeline(t *testing.T, who string, fs []agenttool.Frame) string {
 
 // childText reads the child's transcript through the parent's drill-in
 // route and returns its last assistant message's text.
-func childText(t *testing.T, p *proc, boss, runID string) string {
+func childText(t *testing.T, p *testenv.Process, boss, runID string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + p.addr + "/agents/boss/" + boss + "/sub/worker/" + runID + "/get-messages")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("get-messages of the child: %s", resp.Status)
-	}
 	var msgs []message.Message
-	if err := json.NewDecoder(resp.Body).Decode(&msgs); err != nil {
-		t.Fatal(err)
-	}
+	testenv.GetJSON(t, "http://"+p.Host+"/agents/boss/"+boss+"/sub/worker/"+runID+"/get-messages", &msgs)
 	for i := len(msgs) - 1; i >= 0; i-- {
 		if msgs[i].Role == message.RoleAssistant {
 			return chat.MessageText(msgs[i])
@@ -444,7 +256,7 @@ func killDuringChatTool(t *testing.T, afterChunks int) {
 	fs := c1.until(fmt.Sprintf("started and %d chunks", afterChunks), "", func(fs []agenttool.Frame) bool {
 		return len(fs) > 0 && chunks(fs) >= afterChunks
 	})
-	s1.kill()
+	s1.Kill()
 	runID := fs[0].Event.RunID
 	t.Logf("killed after %d agent-tool frames of %s", len(fs), runID)
 
@@ -463,7 +275,7 @@ func killDuringChatTool(t *testing.T, afterChunks int) {
 	if want := childText(t, s2, "b", runID); text != want || !strings.Contains(want, "task is complete") {
 		t.Fatalf("the client rebuilt %q; the child's answer is %q", text, want)
 	}
-	s2.stop(t)
+	s2.Stop()
 	total, distinct := stepExecutions(t, data, "b", runID)
 	if distinct != steps || total >= 2*steps {
 		t.Fatalf("%d step executions (%d distinct) for %d steps", total, distinct, steps)
@@ -493,7 +305,7 @@ func TestRapidRestartsStableRunID(t *testing.T) {
 		}
 		timeline(t, fmt.Sprintf("client %d", i), fs)
 		seen = chunks(fs)
-		s.kill()
+		s.Kill()
 		t.Logf("kill %d after %d chunks", i+1, seen)
 		s = serve(t, data)
 		c = dial(t, s, "r")
@@ -516,7 +328,7 @@ func TestRapidRestartsStableRunID(t *testing.T) {
 	if r.Status != agenttool.StatusCompleted || r.Error != "" {
 		t.Fatalf("registry row %+v", r)
 	}
-	s.stop(t)
+	s.Stop()
 	total, distinct := stepExecutions(t, data, "r", runID)
 	t.Logf("%d step executions for %d steps", total, steps)
 	if distinct != steps || total >= 2*steps {

@@ -2,7 +2,8 @@
 // (CrashParent) that dispatches two detached runs of a slow scripted child
 // (SlowChild), one delivered to an OnFinish method that logs to the
 // parent's own table, one delivered as a chat notification. It serves like
-// `agentry serve` and prints "agentry listening addr=http://…".
+// `agentry serve` and logs "agentry listening addr=http://…" (see
+// testenv.ServeMain).
 //
 //	server --addr 127.0.0.1:0 --data DIR [--delay 100ms]
 package main
@@ -10,25 +11,15 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
-	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
-	"os"
-	"os/signal"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
-	"github.com/agentry/agentry/server"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
 // Run ids of the two detached runs.
@@ -147,64 +138,19 @@ func (c *SlowChild) ChatModel() model.Model { return c.model }
 var answer = strings.Repeat("finding ", 40)
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:0", "address to listen on")
-	data := flag.String("data", "./data", "data folder")
-	delay := flag.Duration("delay", 100*time.Millisecond, "delay between the child's streamed chunks")
-	flag.Parse()
-	if err := run(*addr, *data, *delay); err != nil {
-		fmt.Fprintln(os.Stderr, "server:", err)
-		os.Exit(1)
-	}
-}
-
-func run(addr, data string, delay time.Duration) error {
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		return err
-	}
-	db, err := sqlite.Open(ctx, filepath.Join(data, "agentry.db"))
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	rt, err := agent.New(ctx, agent.Options{DB: db, Logger: logger, IdleTimeout: 5 * time.Minute})
-	if err != nil {
-		return err
-	}
-	parentModel := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("Thanks, noted.")})))
-	childModel := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text(answer)})), scripted.WithDelay(delay))
-	for _, c := range []agent.Class{
-		{Name: "CrashParent", New: func() agent.Agent { return &CrashParent{model: parentModel} }, Callable: []string{"dispatch", "finishLog", "runs"}},
-		{Name: "SlowChild", New: func() agent.Agent { return &SlowChild{model: childModel} }},
-	} {
-		if err := rt.Register(c); err != nil {
-			return err
+	testenv.ServeMain(100*time.Millisecond, func(rt *agent.Runtime, delay time.Duration) error {
+		parentModel := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("Thanks, noted.")})))
+		childModel := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text(answer)})), scripted.WithDelay(delay))
+		for _, c := range []agent.Class{
+			{Name: "CrashParent", New: func() agent.Agent { return &CrashParent{model: parentModel} }, Callable: []string{"dispatch", "finishLog", "runs"}},
+			{Name: "SlowChild", New: func() agent.Agent { return &SlowChild{model: childModel} }},
+		} {
+			if err := rt.Register(c); err != nil {
+				return err
+			}
 		}
-	}
-	chat.Configure(rt, chat.Config{})
-	agenttool.Install(rt, agenttool.Options{})
-	if err := rt.Start(ctx); err != nil {
-		return err
-	}
-	srv := server.New(server.Options{Runtime: rt})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "data", data)
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = hs.Shutdown(sctx)
-	srv.Close()
-	return rt.Close()
+		chat.Configure(rt, chat.Config{})
+		agenttool.Install(rt, agenttool.Options{})
+		return nil
+	})
 }

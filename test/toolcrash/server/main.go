@@ -2,32 +2,22 @@
 // chat agent that hands work to Worker children (six tool steps each, every
 // step recorded in the child's own table), on scripted models with a delay
 // between streamed events. It logs "agentry listening addr=http://…" like
-// cmd/agentry.
+// cmd/agentry (see testenv.ServeMain).
 //
 //	server --addr 127.0.0.1:0 --data DIR [--delay 40ms]
 package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
-	"os"
-	"os/signal"
-	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
-	"github.com/agentry/agentry/server"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
 // Steps is how many tool steps a Worker runs.
@@ -107,75 +97,31 @@ func toolResults(req *model.Request) int {
 }
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:0", "address to listen on")
-	data := flag.String("data", "./data", "data folder")
-	delay := flag.Duration("delay", 40*time.Millisecond, "delay between streamed model events")
-	flag.Parse()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if err := run(*addr, *data, *delay, logger); err != nil {
-		fmt.Fprintln(os.Stderr, "server:", err)
-		os.Exit(1)
-	}
-}
-
-func run(addr, data string, delay time.Duration, logger *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	db, err := sqlite.Open(ctx, filepath.Join(data, "agentry.db"))
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	rt, err := agent.New(ctx, agent.Options{DB: db, Logger: logger, IdleTimeout: 5 * time.Minute})
-	if err != nil {
-		return err
-	}
-	chat.Configure(rt, chat.Config{FlushInterval: 10 * time.Millisecond})
-	agenttool.Install(rt, agenttool.Options{})
-	bossModel := scripted.New(scripted.WithDefault(func(req *model.Request) scripted.Reply {
-		if scripted.LastIsToolResult(req) {
-			return scripted.Reply{scripted.Text("The worker finished.")}
+	testenv.ServeMain(40*time.Millisecond, func(rt *agent.Runtime, delay time.Duration) error {
+		chat.Configure(rt, chat.Config{FlushInterval: 10 * time.Millisecond})
+		agenttool.Install(rt, agenttool.Options{})
+		bossModel := scripted.New(scripted.WithDefault(func(req *model.Request) scripted.Reply {
+			if scripted.LastIsToolResult(req) {
+				return scripted.Reply{scripted.Text("The worker finished.")}
+			}
+			return scripted.Reply{scripted.ToolCall("work", WorkInput{Task: scripted.LastUserText(req)})}
+		}), scripted.WithDelay(delay))
+		workerModel := scripted.New(scripted.WithDefault(func(req *model.Request) scripted.Reply {
+			n := toolResults(req)
+			if n < Steps {
+				return scripted.Reply{scripted.Text(fmt.Sprintf("Working on step %d of the task. ", n+1)),
+					scripted.ToolCall("step", stepInput{N: n + 1})}
+			}
+			return scripted.Reply{scripted.Text("All six steps are done; the task is complete.")}
+		}), scripted.WithChunkSize(8), scripted.WithDelay(delay))
+		for _, c := range []agent.Class{
+			{Name: "Boss", New: func() agent.Agent { return &Boss{model: bossModel} }, Callable: []string{"dispatch", "run"}},
+			{Name: "Worker", New: func() agent.Agent { return &Worker{model: workerModel} }},
+		} {
+			if err := rt.Register(c); err != nil {
+				return err
+			}
 		}
-		return scripted.Reply{scripted.ToolCall("work", WorkInput{Task: scripted.LastUserText(req)})}
-	}), scripted.WithDelay(delay))
-	workerModel := scripted.New(scripted.WithDefault(func(req *model.Request) scripted.Reply {
-		n := toolResults(req)
-		if n < Steps {
-			return scripted.Reply{scripted.Text(fmt.Sprintf("Working on step %d of the task. ", n+1)),
-				scripted.ToolCall("step", stepInput{N: n + 1})}
-		}
-		return scripted.Reply{scripted.Text("All six steps are done; the task is complete.")}
-	}), scripted.WithChunkSize(8), scripted.WithDelay(delay))
-	for _, c := range []agent.Class{
-		{Name: "Boss", New: func() agent.Agent { return &Boss{model: bossModel} }, Callable: []string{"dispatch", "run"}},
-		{Name: "Worker", New: func() agent.Agent { return &Worker{model: workerModel} }},
-	} {
-		if err := rt.Register(c); err != nil {
-			return err
-		}
-	}
-	if err := rt.Start(ctx); err != nil {
-		return err
-	}
-	srv := server.New(server.Options{Runtime: rt})
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "data", data)
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		logger.Warn("http shutdown", "err", err)
-	}
-	srv.Close()
-	return rt.Close()
+		return nil
+	})
 }

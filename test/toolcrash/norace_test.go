@@ -1,5 +1,0 @@
-//go:build !race
-
-package toolcrash
-
-const raceEnabled = false
