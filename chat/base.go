@@ -46,7 +46,7 @@ type core struct {
 		Warn(string, ...any)
 	}
 
-	acceptMu sync.Mutex // serializes acceptance so turns keep their order
+	acceptMu sync.Mutex // serializes every change to the transcript (and so keeps turns in order)
 
 	mu       sync.Mutex
 	msgs     []message.Message

@@ -432,6 +432,11 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	}
 	t.flush(ctx)
 
+	// The transcript is read, changed and stored under acceptMu, like every
+	// other writer of it (accept, AppendMessages, clear), so no concurrent
+	// change is lost.
+	c.acceptMu.Lock()
+	defer c.acceptMu.Unlock()
 	c.mu.Lock()
 	gen := c.gen
 	msgs := append([]message.Message(nil), c.msgs...)
