@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
@@ -149,6 +150,7 @@ type signalDispatcher struct {
 	row  runRow
 	ch   chan ProgressEvent
 	done chan struct{}
+	once sync.Once
 }
 
 func (h *host) newSignalDispatcher(row runRow) *signalDispatcher {
@@ -193,6 +195,6 @@ func (d *signalDispatcher) close() {
 	if d == nil {
 		return
 	}
-	close(d.ch)
+	d.once.Do(func() { close(d.ch) })
 	<-d.done
 }

@@ -331,6 +331,9 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		}
 	}
 	stop()
+	// Signals seen so far (milestone notices) are handled before the end
+	// is delivered, so a chat reads them in order.
+	signals.close()
 	if h.rt.Context().Err() != nil {
 		return Result{}, agent.ErrClosed
 	}
