@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
@@ -120,9 +122,28 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 		msg = f.FormatAgentToolInput(input, req)
 	}
 	body, _ := json.Marshal(map[string]json.RawMessage{"agentToolInput": orNull(input)})
-	streamID, err := cb.SubmitMessages(ctx, []message.Message{msg}, chat.SubmitOptions{IdempotencyKey: "agent-tool:" + runID, Body: body, Retain: true})
+	// The run is known under its turn's id before the turn starts, so the
+	// child's first ReportProgress already finds it.
+	cr := &childRun{runID: runID, streamID: uuid.NewString(), done: make(chan struct{})}
+	h.mu.Lock()
+	if other, ok := h.child[runID]; ok {
+		h.mu.Unlock()
+		return other, nil
+	}
+	h.child[runID] = cr
+	h.mu.Unlock()
+	streamID, err := cb.SubmitMessages(ctx, []message.Message{msg}, chat.SubmitOptions{
+		ID: cr.streamID, IdempotencyKey: "agent-tool:" + runID, Body: body, Retain: true})
 	if err != nil {
+		h.mu.Lock()
+		delete(h.child, runID)
+		h.mu.Unlock()
 		return nil, fmt.Errorf("agenttool: start child turn: %w", err)
+	}
+	if streamID != cr.streamID {
+		h.mu.Lock()
+		cr.streamID = streamID // an earlier submission of this run keeps its id
+		h.mu.Unlock()
 	}
 	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET request_id = ? WHERE instance_id = ? AND run_id = ?`, streamID, h.iid, runID)
@@ -131,7 +152,8 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	if err != nil {
 		return nil, fmt.Errorf("agenttool: record child turn: %w", err)
 	}
-	return h.track(runID, streamID, false), nil
+	h.watchRun(cr)
+	return cr, nil
 }
 
 func orNull(b json.RawMessage) json.RawMessage {
@@ -162,22 +184,29 @@ func defaultInputMessage(input json.RawMessage, runID string) message.Message {
 // finalizes it when its turn ends.
 func (h *host) track(runID, streamID string, finished bool) *childRun {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if cr, ok := h.child[runID]; ok {
+		h.mu.Unlock()
 		return cr
 	}
 	cr := &childRun{runID: runID, streamID: streamID, done: make(chan struct{})}
 	if finished {
+		h.mu.Unlock()
 		close(cr.done)
 		return cr
 	}
 	h.child[runID] = cr
+	h.mu.Unlock()
+	h.watchRun(cr)
+	return cr
+}
+
+// watchRun starts the watcher of a registered run.
+func (h *host) watchRun(cr *childRun) {
 	release := h.b.KeepAlive()
 	h.rt.Go(func(ctx context.Context) {
 		defer release()
 		h.watch(ctx, cr)
 	})
-	return cr
 }
 
 // watch waits for the run's turn and records its end.

@@ -134,6 +134,8 @@ type SubmitOptions struct {
 	IdempotencyKey string
 	// Body is passed to the turn as extra request fields.
 	Body json.RawMessage
+	// ID names the turn (its stream id); empty means a new id.
+	ID string
 	// Retain keeps the turn's stream chunks for as long as the instance
 	// lives instead of the retention window (agent-tool runs use it, since
 	// their parent replays them).
@@ -143,7 +145,7 @@ type SubmitOptions struct {
 // SubmitMessages appends msgs to the transcript and queues a turn without
 // waiting for it; it returns the turn id. Use WaitTurn to wait.
 func (b *Base) SubmitMessages(ctx context.Context, msgs []message.Message, opts SubmitOptions) (string, error) {
-	t, err := b.c.accept(ctx, acceptRequest{append: msgs, key: opts.IdempotencyKey, body: opts.Body, retain: opts.Retain})
+	t, err := b.c.accept(ctx, acceptRequest{append: msgs, id: opts.ID, key: opts.IdempotencyKey, body: opts.Body, retain: opts.Retain})
 	if err != nil {
 		return "", err
 	}
