@@ -8,48 +8,12 @@
 import assert from "node:assert/strict";
 import WebSocket from "ws";
 import { AgentClient } from "agents/client";
-import {
-  i as createAgentToolEventState,
-  n as agentToolEventDedupeKey,
-  r as applyAgentToolEvent,
-} from "./node_modules/agents/dist/agent-tools-CdJC-8Dc.js";
+import { useAgentToolEvents } from "./tool-events.mjs";
 
 const host = process.argv[2];
 const name = process.argv[3] ?? "progress-e2e";
 const log = (...a) => console.log(...a);
 
-// What useAgentToolEvents({agent}) does: ignore non-string data, bad JSON
-// and other frame types, dedupe by agentToolEventDedupeKey in a seen set
-// kept for the hook's lifetime, and reduce with applyAgentToolEvent.
-function useAgentToolEvents(agent) {
-  let state = createAgentToolEventState();
-  const seen = new Set();
-  const frames = [];
-  let waiters = [];
-  agent.addEventListener("message", (e) => {
-    if (typeof e.data !== "string") return;
-    let msg;
-    try { msg = JSON.parse(e.data); } catch { return; }
-    if (msg?.type !== "agent-tool-event") return;
-    frames.push(msg);
-    const key = agentToolEventDedupeKey(msg);
-    if (seen.has(key)) return;
-    seen.add(key);
-    state = applyAgentToolEvent(state, msg);
-    waiters = waiters.filter((w) => !w());
-  });
-  return {
-    get state() { return state; },
-    frames,
-    until(pred, what) {
-      return new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error("timed out waiting for " + what + "; state " + JSON.stringify(state))), 15000);
-        const check = () => { if (pred(state)) { clearTimeout(timer); resolve(); return true; } return false; };
-        if (!check()) waiters.push(check);
-      });
-    },
-  };
-}
 
 const connect = async () => {
   const c = new AgentClient({ agent: "ProgParent", name, host, WebSocket });
