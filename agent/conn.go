@@ -27,15 +27,12 @@ type Conn struct {
 	inst      *instance
 	transport Transport
 	request   *http.Request
-	seq       uint64
 
 	mu     sync.Mutex
 	state  json.RawMessage
 	values map[any]any
 	closed atomic.Bool
 }
-
-var connSeq atomic.Uint64 // process-wide counter; only makes Conn.String unique
 
 // ID returns the connection id the client chose (the _pk query parameter).
 // It is not guaranteed to be unique: compare *Conn values instead.

@@ -60,7 +60,7 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{id: id, inst: in, transport: t, request: r, seq: connSeq.Add(1)}
+	c := &Conn{id: id, inst: in, transport: t, request: r}
 	in.mu.Lock()
 	if in.destroyed {
 		in.mu.Unlock()
@@ -223,10 +223,8 @@ type rpcResponse struct {
 	Error   string `json:"error,omitempty"`
 }
 
-var (
-	doneTrue  = true
-	doneFalse = false
-)
+// done returns the value of an RPC response's done key.
+func done(b bool) *bool { return &b }
 
 // handleRPC starts an RPC call; the call runs on its own goroutine so a
 // streaming or slow method never blocks the connection's other frames.
@@ -285,7 +283,7 @@ func (c *Conn) runRPC(m *method, req rpcRequest) {
 			stream.ended = true
 			stream.mu.Unlock()
 		}
-		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Success: true, Result: result, Done: &doneTrue})
+		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Success: true, Result: result, Done: done(true)})
 	}
 	rt.diag.Publish(diag.ChannelRPC, "call", in.key, attrs)
 }
@@ -324,7 +322,7 @@ func (s *Stream) Send(v any) error {
 	if s.ended {
 		return errors.New("agent: stream already ended")
 	}
-	return s.conn.Send(rpcResponse{Type: FrameRPC, ID: s.id, Success: true, Result: v, Done: &doneFalse})
+	return s.conn.Send(rpcResponse{Type: FrameRPC, ID: s.id, Success: true, Result: v, Done: done(false)})
 }
 
 // Call invokes a callable method of the instance at path in process, with
