@@ -253,10 +253,13 @@ func (h *host) callOnFinish(ctx context.Context, name string, run Run, res Resul
 // after a give-up is the teardown's own doing and is not delivered again.
 func (h *host) gaveUp(ctx context.Context, runID string) bool {
 	var n int
-	_ = h.rt.DB().View(ctx, func(tx store.Tx) error {
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
 		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND run_id = ? AND given_up_at IS NOT NULL`,
 			h.iid, runID).Scan(&n)
 	})
+	if err != nil && ctx.Err() == nil {
+		h.b.Logger().Warn("agenttool: read give-up", "run", runID, "err", err)
+	}
 	return n > 0
 }
 
@@ -353,7 +356,9 @@ func (h *host) reconcileRun(ctx context.Context, row runRow) {
 	if insp != nil && insp.Status != childRunning {
 		if row.Status == StatusInterrupted && insp.Status == StatusAborted && h.gaveUp(ctx, row.RunID) {
 			// Our own teardown: the give-up was the delivery.
-			_ = h.markFinishDelivered(ctx, row.RunID)
+			if err := h.markFinishDelivered(ctx, row.RunID); err != nil {
+				log.Warn("agenttool: mark delivered", "run", row.RunID, "err", err)
+			}
 			return
 		}
 		mark := ch.streamNext(ctx, row.RunID)

@@ -397,7 +397,9 @@ func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Re
 	if row.det.Detached && res.Status == StatusAborted && h.gaveUp(ctx, row.RunID) {
 		// The child was torn down by a give-up, which was the delivery; its
 		// aborted end is not delivered again and the run stays interrupted.
-		_ = h.markFinishDelivered(ctx, row.RunID)
+		if err := h.markFinishDelivered(ctx, row.RunID); err != nil {
+			h.b.Logger().Warn("agenttool: mark delivered", "run", row.RunID, "err", err)
+		}
 		stored, _, err := h.readRun(ctx, row.RunID)
 		return stored.Result(), err
 	}
