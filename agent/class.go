@@ -24,6 +24,12 @@ type Class struct {
 	// whose first parameter after an optional context.Context is a *Stream
 	// is a streaming method.
 	Callable []string
+	// Concurrent lets the instance take its inputs concurrently: RPC calls,
+	// frames, schedule callbacks and framework deliveries then run as they
+	// arrive, each on its own goroutine, and the agent guards its own data.
+	// It is the class's own risk (docs/concurrency.md); the default is one
+	// input at a time.
+	Concurrent bool
 }
 
 // Agent is implemented by every agent type by embedding Base.

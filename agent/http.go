@@ -23,7 +23,13 @@ func (rt *Runtime) ServeInstance(w http.ResponseWriter, r *http.Request, path Pa
 		}
 	}
 	if h, ok := in.agent.(RequestHandler); ok {
-		h.OnRequest(ctx, w, r)
+		ctx, leave, err := in.enter(ctx)
+		if err != nil {
+			http.Error(w, "request canceled", http.StatusServiceUnavailable)
+			return
+		}
+		defer leave()
+		h.OnRequest(WithAgent(ctx, in.agent), w, r.WithContext(ctx))
 		return
 	}
 	http.Error(w, "not found", http.StatusNotFound)
@@ -43,6 +49,11 @@ func (rt *Runtime) CheckSubAgent(ctx context.Context, r *http.Request, path Path
 	}
 	defer in.release()
 	leaf := path.Leaf()
+	ctx, leave, err := in.enter(ctx)
+	if err != nil {
+		return err
+	}
+	defer leave()
 	ctx = WithAgent(ctx, in.agent)
 	for _, l := range in.layers {
 		if g, ok := l.(LayerGate); ok {

@@ -22,6 +22,7 @@ type instance struct {
 	agent  Agent
 	layers []Layer // framework layers embedded in agent, innermost first
 
+	gate       gate          // the input gate (gate.go)
 	ready      chan struct{} // closed when hydration finished
 	hydrateErr error
 	id         int64 // row id in instances
@@ -40,7 +41,7 @@ type instance struct {
 func newInstance(rt *Runtime, path Path, ci *classInfo) *instance {
 	return &instance{
 		rt: rt, path: append(Path(nil), path...), key: path.String(), class: ci,
-		ready: make(chan struct{}), conns: map[*Conn]struct{}{},
+		gate: make(gate, 1), ready: make(chan struct{}), conns: map[*Conn]struct{}{},
 		lastActive: rt.clock.Now(),
 	}
 }

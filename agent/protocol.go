@@ -89,7 +89,8 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 	}
 	rt.diag.Publish(diag.ChannelAgent, "connect", in.key, map[string]any{"connection": id})
 	if h, ok := in.agent.(Connector); ok {
-		if err := h.OnConnect(cctx, c); err != nil {
+		err := Enter(cctx, in.agent, func(ctx context.Context) error { return h.OnConnect(ctx, c) })
+		if err != nil {
 			rt.log.Warn("OnConnect refused a connection", "agent", in.key, "err", err)
 			var ce *CloseError
 			if errors.As(err, &ce) {
@@ -119,7 +120,13 @@ func (c *Conn) Disconnect(code int, reason string) {
 		}
 	}
 	if h, ok := in.agent.(Closer); ok {
-		h.OnClose(cctx, c, code, reason)
+		err := Enter(cctx, in.agent, func(ctx context.Context) error {
+			h.OnClose(ctx, c, code, reason)
+			return nil
+		})
+		if err != nil {
+			in.rt.log.Warn("OnClose skipped", "agent", in.key, "err", err)
+		}
 	}
 	in.rt.diag.Publish(diag.ChannelAgent, "close", in.key, map[string]any{"connection": c.id, "code": code})
 	in.release()
@@ -180,6 +187,11 @@ func (c *Conn) onMessage(ctx context.Context, h MessageHandler, data []byte) {
 			c.SendError("internal", "message handler failed")
 		}
 	}()
+	ctx, leave, err := c.inst.enter(ctx)
+	if err != nil {
+		return
+	}
+	defer leave()
 	if err := h.OnMessage(ctx, c, data); err != nil {
 		c.SendError("message_failed", err.Error())
 	}
@@ -195,6 +207,11 @@ func (c *Conn) handleClientState(ctx context.Context, data []byte) {
 		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
 		return
 	}
+	ctx, leave, err := in.enter(ctx)
+	if err != nil {
+		return
+	}
+	defer leave()
 	if v, ok := in.agent.(StateValidator); ok {
 		if err := v.ValidateState(ctx, f.State, c); err != nil {
 			in.rt.log.Info("client state rejected", "agent", in.key, "err", err)
@@ -226,8 +243,11 @@ type rpcResponse struct {
 // done returns the value of an RPC response's done key.
 func done(b bool) *bool { return &b }
 
-// handleRPC starts an RPC call; the call runs on its own goroutine so a
-// streaming or slow method never blocks the connection's other frames.
+// handleRPC starts an RPC call. It waits for the instance's input gate
+// here, on the connection's reader, so calls start in arrival order; the
+// call then runs on its own goroutine holding the gate, so a method that
+// awaits (a streaming method, an agent-tool run) lets the connection's
+// later frames in at its await points.
 func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 	var req rpcRequest
 	if err := json.Unmarshal(data, &req); err != nil {
@@ -244,26 +264,33 @@ func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: err.Error()})
 		return
 	}
-	in.rt.mu.Lock()
+	rt := in.rt
+	// The call's context is the runtime's, not the socket's: a call goes
+	// on when the client disconnects, as in the reference.
+	callCtx, cancel := context.WithCancel(rt.ctx)
+	callCtx, leave, err := in.enterFor(ctx, WithConn(callCtx, c))
+	if err != nil {
+		cancel()
+		return // the connection is gone
+	}
+	rt.mu.Lock()
 	in.busy++
-	in.rt.mu.Unlock()
-	in.rt.wg.Add(1)
+	rt.mu.Unlock()
+	rt.wg.Add(1)
 	go func() {
-		defer in.rt.wg.Done()
+		defer rt.wg.Done()
 		defer in.release()
-		c.runRPC(m, req)
+		defer cancel()
+		defer leave()
+		c.runRPC(callCtx, m, req)
 	}()
 }
 
-// runRPC runs one call. Its context is the runtime's, not the socket's: a
-// call goes on when the client disconnects, as in the reference.
-func (c *Conn) runRPC(m *method, req rpcRequest) {
+// runRPC runs one call with ctx, which holds the instance's input gate.
+func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 	in := c.inst
 	rt := in.rt
 	start := rt.clock.Now()
-	ctx, cancel := context.WithCancel(rt.ctx)
-	ctx = WithConn(ctx, c)
-	defer cancel()
 	var stream *Stream
 	if m.streaming {
 		stream = &Stream{conn: c, id: req.ID}
@@ -326,9 +353,20 @@ func (s *Stream) Send(v any) error {
 }
 
 // Call invokes a callable method of the instance at path in process, with
-// the same argument decoding and checks as a client RPC. It is what tests and
-// the Go client use without a socket; streaming methods are not supported.
-func (rt *Runtime) Call(ctx context.Context, path Path, methodName string, args ...any) (json.RawMessage, error) {
+// the same argument decoding and checks as a client RPC, as one input of
+// that instance. Called from agent code, it is an await point of the
+// caller (see Await): the caller's gate is released while the call runs, so
+// a call cycle between two instances does not deadlock. Streaming methods
+// are not supported.
+func (rt *Runtime) Call(ctx context.Context, path Path, methodName string, args ...any) (out json.RawMessage, err error) {
+	err = Await(ctx, func() error {
+		out, err = rt.call(ctx, path, methodName, args)
+		return err
+	})
+	return out, err
+}
+
+func (rt *Runtime) call(ctx context.Context, path Path, methodName string, args []any) (json.RawMessage, error) {
 	in, err := rt.acquire(ctx, path)
 	if err != nil {
 		return nil, err
@@ -352,7 +390,12 @@ func (rt *Runtime) Call(ctx context.Context, path Path, methodName string, args 
 		ctx, cancel = context.WithTimeout(ctx, rt.rpcTTL)
 		defer cancel()
 	}
+	ctx, leave, err := in.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
 	res, err := m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), nil, raw)
+	leave()
 	if err != nil {
 		return nil, err
 	}

@@ -63,6 +63,7 @@ type Runtime struct {
 	closed    bool
 
 	values     sync.Map // layer configuration, see SetValue
+	migrated   sync.Map // component → *migration, see Migrate
 	extensions []Extension
 
 	ctx    context.Context // canceled by Close
@@ -104,6 +105,9 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		ctx:         rctx, cancel: cancel,
 	}
 	rt.sched = newScheduler(rt)
+	done := &migration{}
+	done.once.Do(func() {})
+	rt.migrated.Store("agent", done)
 	return rt, nil
 }
 
@@ -226,6 +230,21 @@ func (rt *Runtime) SetValue(key, v any) { rt.values.Store(key, v) }
 func (rt *Runtime) Value(key any) any {
 	v, _ := rt.values.Load(key)
 	return v
+}
+
+type migration struct {
+	once sync.Once
+	err  error
+}
+
+// Migrate applies a framework layer's schema (store.Migrate) once per
+// runtime: the first instance of a layer to hydrate migrates, every later
+// one gets the remembered outcome at no cost.
+func (rt *Runtime) Migrate(ctx context.Context, component string, ms []store.Migration) error {
+	v, _ := rt.migrated.LoadOrStore(component, &migration{})
+	m := v.(*migration)
+	m.once.Do(func() { m.err = store.Migrate(context.WithoutCancel(ctx), rt.db, component, ms) })
+	return m.err
 }
 
 // Clock returns the runtime's time source.

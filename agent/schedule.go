@@ -376,6 +376,11 @@ func (s *scheduler) run(sc Schedule, key string) {
 			return err
 		}
 		defer in.release()
+		ctx, leave, err := in.enter(ctx)
+		if err != nil {
+			return err
+		}
+		defer leave()
 		if strings.HasPrefix(sc.Method, layerSchedulePrefix) {
 			return in.runLayerSchedule(WithAgent(ctx, in.agent), sc)
 		}

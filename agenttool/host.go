@@ -99,7 +99,7 @@ func hostOf(a agent.Agent) (*host, error) {
 
 // StartLayer prepares the tables and resumes this instance's child runs.
 func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
-	if err := store.Migrate(ctx, h.rt.DB(), "agenttool", migrations); err != nil {
+	if err := h.rt.Migrate(ctx, "agenttool", migrations); err != nil {
 		return err
 	}
 	h.iid = h.b.InstanceID()

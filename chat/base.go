@@ -54,6 +54,7 @@ type core struct {
 	active   *turn
 	working  bool
 	gen      int                    // bumped by clear; stale turns do not persist
+	deferred bool                   // a transcript broadcast waits for the active turn's end
 	admitted map[*agent.Conn]bool   // connections the layer has greeted
 	pending  map[*agent.Conn]string // offered a stream, not yet acknowledged
 	awaiting map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
@@ -67,7 +68,7 @@ type core struct {
 // calls it on hydration.
 func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 	rt := b.Runtime()
-	if err := store.Migrate(ctx, rt.DB(), "chat", migrations); err != nil {
+	if err := rt.Migrate(ctx, "chat", migrations); err != nil {
 		return err
 	}
 	c := &core{
@@ -428,7 +429,10 @@ func (c *core) work(ctx context.Context) {
 			w <- res
 		}
 		if o, ok := c.self.(TurnObserver); ok && ctx.Err() == nil {
-			o.OnTurnEnd(ctx, res)
+			_ = agent.Enter(ctx, c.self, func(ctx context.Context) error {
+				o.OnTurnEnd(ctx, res)
+				return nil
+			})
 		}
 	}
 }

@@ -88,11 +88,17 @@ type Config struct {
 	// Retention is how long a finished stream's chunks are kept for
 	// clients that resume late; zero means 10 minutes.
 	Retention time.Duration
-	// FlushInterval bounds how long a streamed chunk waits before it is
-	// persisted; zero means 100 ms.
+	// FlushInterval is the output gate's batching window: a streamed
+	// chunk reaches clients only once it is committed (with the chunks
+	// around it, in one transaction), and after a commit the next one
+	// waits up to this long for more chunks unless FlushChunks are
+	// waiting. The first chunk of a quiet stream is committed at once, so
+	// the gate adds at most one window (plus a commit) of latency. Zero
+	// means 20 ms; a negative value commits as soon as the previous
+	// commit is done.
 	FlushInterval time.Duration
-	// FlushChunks persists a batch as soon as this many chunks wait; zero
-	// means 64.
+	// FlushChunks is the most chunks one transaction writes, and the
+	// batch size that ends the batching window early; zero means 64.
 	FlushChunks int
 }
 
@@ -105,7 +111,7 @@ func Configure(rt *agent.Runtime, cfg Config) {
 		cfg.Retention = 10 * time.Minute
 	}
 	if cfg.FlushInterval == 0 {
-		cfg.FlushInterval = 100 * time.Millisecond
+		cfg.FlushInterval = defaultFlushInterval
 	}
 	if cfg.FlushChunks == 0 {
 		cfg.FlushChunks = 64
@@ -117,8 +123,10 @@ func configOf(rt *agent.Runtime) Config {
 	if c, ok := rt.Value(configKey{}).(Config); ok {
 		return c
 	}
-	return Config{Retention: 10 * time.Minute, FlushInterval: 100 * time.Millisecond, FlushChunks: 64}
+	return Config{Retention: 10 * time.Minute, FlushInterval: defaultFlushInterval, FlushChunks: 64}
 }
+
+const defaultFlushInterval = 20 * time.Millisecond
 
 // TurnResult is how a turn ended.
 type TurnResult struct {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/model"
 )
@@ -90,7 +91,15 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 		if err := tt.Write(message.StartStep()); err != nil {
 			return err
 		}
-		calls, reason, err := tt.streamStep(ctx, o.Model, req, tools)
+		var calls []pendingCall
+		var reason string
+		// Waiting for the model is an await point: the instance takes its
+		// other inputs meanwhile.
+		err := agent.Await(ctx, func() error {
+			var err error
+			calls, reason, err = tt.streamStep(ctx, o.Model, req, tools)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -260,11 +269,17 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 }
 
 // executeCalls runs the valid calls in parallel and writes each result as it
-// arrives.
+// arrives. Each call is one input of the instance: calls interleave only at
+// their await points (an agent-tool run, agent.Await).
 func (tt *Turn) executeCalls(ctx context.Context, calls []pendingCall, tools map[string]Tool) error {
+	return agent.Await(ctx, func() error { return tt.runCalls(agent.Unheld(ctx), calls, tools) })
+}
+
+func (tt *Turn) runCalls(ctx context.Context, calls []pendingCall, tools map[string]Tool) error {
 	var mu sync.Mutex // guards firstErr
 	var wg sync.WaitGroup
 	var firstErr error
+	self := tt.t.c.self
 	for _, pc := range calls {
 		if !pc.valid {
 			continue
@@ -273,7 +288,12 @@ func (tt *Turn) executeCalls(ctx context.Context, calls []pendingCall, tools map
 		go func() {
 			defer wg.Done()
 			tctx := WithToolCall(ctx, ToolCall{ID: pc.id, Name: pc.name, Input: pc.input})
-			out, err := tools[pc.name].Execute(tctx, pc.input)
+			var out any
+			err := agent.Enter(tctx, self, func(ctx context.Context) error {
+				var err error
+				out, err = tools[pc.name].Execute(ctx, pc.input)
+				return err
+			})
 			var ch message.Chunk
 			if err != nil {
 				ch = message.ToolOutputError(pc.id, err.Error())

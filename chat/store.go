@@ -250,22 +250,24 @@ func loadChunks(ctx context.Context, tx store.Tx, iid int64, streamID string) ([
 	return out, rows.Err()
 }
 
-func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, chunks []storedChunk) error {
+// insertChunks writes chunks of a stream and reports whether the stream
+// still exists (a stream deleted by a clear gets no more chunks).
+func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, chunks []storedChunk) (bool, error) {
 	if ok, err := streamExists(ctx, tx, iid, streamID); err != nil || !ok {
-		return err // a stream deleted by a clear gets no more chunks
+		return ok, err
 	}
 	for _, c := range chunks {
 		if _, err := tx.Exec(ctx, `INSERT INTO chat_chunks (instance_id, stream_id, seq, body) VALUES (?, ?, ?, ?)
 			ON CONFLICT (instance_id, stream_id, seq) DO NOTHING`, iid, streamID, c.Seq, c.Body); err != nil {
-			return err
+			return true, err
 		}
 	}
 	if len(chunks) > 0 {
 		_, err := tx.Exec(ctx, `UPDATE chat_streams SET next_seq = ? WHERE instance_id = ? AND id = ? AND next_seq < ?`,
 			chunks[len(chunks)-1].Seq+1, iid, streamID, chunks[len(chunks)-1].Seq+1)
-		return err
+		return true, err
 	}
-	return nil
+	return true, nil
 }
 
 // streamExists reports whether the stream row is still there (a clear

@@ -7,8 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-
-	"github.com/jonboulle/clockwork"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
@@ -25,15 +24,18 @@ type turn struct {
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
 
-	// Guarded by c.mu: the stream as clients see it.
+	// Guarded by c.mu: the stream as clients see it. chunks are the
+	// committed chunks (the output gate: only those reach clients);
+	// unflushed wait for their commit.
 	started   bool
-	chunks    []storedChunk // every chunk of the stream so far, for replay
+	chunks    []storedChunk
 	unflushed []storedChunk
 	nextSeq   int
-	flushT    clockwork.Timer
+	flushing  bool          // a flusher goroutine is running
+	kick      chan struct{} // ends the flusher's batching window early
 
-	flushMu sync.Mutex // serializes flushes
-	writeMu sync.Mutex // serializes writes (tools run in parallel)
+	commitMu sync.Mutex // serializes commits of the stream, and so the order clients see
+	writeMu  sync.Mutex // serializes writes (tools run in parallel)
 
 	// Owned by the turn's goroutine.
 	builder  *message.Builder
@@ -43,7 +45,7 @@ type turn struct {
 
 func (c *core) newTurn(row streamRow, origin *agent.Conn) *turn {
 	ctx, cancel := context.WithCancelCause(agent.WithAgent(c.rt.Context(), c.self))
-	t := &turn{c: c, row: row, origin: origin, cancel: cancel, nextSeq: row.NextSeq}
+	t := &turn{c: c, row: row, origin: origin, cancel: cancel, nextSeq: row.NextSeq, kick: make(chan struct{}, 1)}
 	t.ctx = context.WithValue(ctx, turnKey{}, t)
 	return t
 }
@@ -170,8 +172,8 @@ func (t *turn) write(ch message.Chunk) error {
 	return nil
 }
 
-// send numbers a chunk, broadcasts it to the connections that are not
-// waiting for a resume, and queues it for persistence.
+// send numbers a chunk and queues it for its commit; the flusher sends it
+// to the clients once it is committed (the output gate).
 func (t *turn) send(ch message.Chunk) {
 	c := t.c
 	body, err := json.Marshal(ch)
@@ -182,17 +184,129 @@ func (t *turn) send(ch message.Chunk) {
 	c.mu.Lock()
 	seq := t.nextSeq
 	t.nextSeq++
-	sc := storedChunk{Seq: seq, Body: string(body)}
-	t.chunks = append(t.chunks, sc)
-	t.unflushed = append(t.unflushed, sc)
-	frame := encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
-	for conn := range c.admitted {
-		if _, waiting := c.pending[conn]; !waiting {
-			conn.SendRaw(frame)
+	t.unflushed = append(t.unflushed, storedChunk{Seq: seq, Body: string(body)})
+	full := len(t.unflushed) >= c.cfg.FlushChunks
+	start := !t.flushing
+	t.flushing = true
+	c.mu.Unlock()
+	if start {
+		c.rt.Go(func(ctx context.Context) { t.flushLoop(ctx) })
+	} else if full {
+		select {
+		case t.kick <- struct{}{}:
+		default:
 		}
 	}
-	for f := range c.follow[t.row.ID] {
-		f.fn(seq, sc.Body)
+}
+
+// flushLoop commits the waiting chunks, batch after batch, until none wait.
+// The first batch goes at once; later ones wait up to the batching window
+// for more chunks, so a fast stream writes one transaction per
+// FlushChunks chunks.
+func (t *turn) flushLoop(ctx context.Context) {
+	c := t.c
+	for {
+		if err := t.commit(ctx, nil); err != nil {
+			t.failStorage(err)
+		}
+		c.mu.Lock()
+		n := len(t.unflushed)
+		if n == 0 {
+			t.flushing = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		if n < c.cfg.FlushChunks && c.cfg.FlushInterval > 0 {
+			// A latency window, not a durable deadline: real time.
+			timer := time.NewTimer(c.cfg.FlushInterval)
+			select {
+			case <-timer.C:
+			case <-t.kick:
+			case <-ctx.Done():
+			}
+			timer.Stop()
+		}
+	}
+}
+
+// failStorage ends a turn whose chunks could not be committed: they never
+// reached a client, and the turn cannot go on without them.
+func (t *turn) failStorage(err error) {
+	if t.c.rt.Context().Err() != nil {
+		return // shutting down: the turn recovers from what was committed
+	}
+	t.c.log.Error("chat: persist chunks", "stream", t.row.ID, "err", err)
+	t.cancel(fmt.Errorf("chat: persist chunks: %w", err))
+}
+
+// commit writes the waiting chunks (at most FlushChunks of them, unless
+// extra is given) together with extra's writes in one transaction, then
+// sends them to the clients and followers. A stream deleted by a clear
+// gets nothing written and sends nothing; commit reports that with
+// gone.
+func (t *turn) commit(ctx context.Context, extra func(tx store.Tx) error) error {
+	_, err := t.commitGone(ctx, extra)
+	return err
+}
+
+func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (gone bool, err error) {
+	c := t.c
+	t.commitMu.Lock()
+	defer t.commitMu.Unlock()
+	c.mu.Lock()
+	batch := t.unflushed
+	if extra == nil && len(batch) > c.cfg.FlushChunks {
+		batch = batch[:c.cfg.FlushChunks:c.cfg.FlushChunks]
+	}
+	t.unflushed = t.unflushed[len(batch):]
+	c.mu.Unlock()
+	if len(batch) == 0 && extra == nil {
+		return false, nil
+	}
+	err = c.rt.DB().Update(ctx, func(tx store.Tx) error {
+		ok, err := insertChunks(ctx, tx, c.iid, t.row.ID, batch)
+		if err != nil || !ok {
+			gone = !ok
+			return err
+		}
+		if extra != nil {
+			return extra(tx)
+		}
+		return nil
+	})
+	if err != nil || gone {
+		return gone, err
+	}
+	t.publish(batch)
+	return false, nil
+}
+
+// publish sends committed chunks to the connections that are not waiting
+// for a resume and to the stream's followers, in order.
+func (t *turn) publish(batch []storedChunk) {
+	if len(batch) == 0 {
+		return
+	}
+	c := t.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t.chunks = append(t.chunks, batch...)
+	var targets []*agent.Conn
+	for conn := range c.admitted {
+		if _, waiting := c.pending[conn]; !waiting {
+			targets = append(targets, conn)
+		}
+	}
+	for _, sc := range batch {
+		seq := sc.Seq
+		frame := encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
+		for _, conn := range targets {
+			conn.SendRaw(frame)
+		}
+		for f := range c.follow[t.row.ID] {
+			f.fn(seq, sc.Body)
+		}
 	}
 	if !t.started {
 		t.started = true
@@ -203,36 +317,6 @@ func (t *turn) send(ch message.Chunk) {
 			conn.SendRaw(offer)
 		}
 		clear(c.awaiting)
-	}
-	full := len(t.unflushed) >= c.cfg.FlushChunks
-	if !full && t.flushT == nil {
-		t.flushT = c.rt.Clock().AfterFunc(c.cfg.FlushInterval, func() { t.flush(c.rt.Context()) })
-	}
-	c.mu.Unlock()
-	if full {
-		t.flush(c.rt.Context())
-	}
-}
-
-// flush persists the chunks that wait, in one transaction.
-func (t *turn) flush(ctx context.Context) {
-	t.flushMu.Lock()
-	defer t.flushMu.Unlock()
-	c := t.c
-	c.mu.Lock()
-	batch := t.unflushed
-	t.unflushed = nil
-	if t.flushT != nil {
-		t.flushT.Stop()
-		t.flushT = nil
-	}
-	c.mu.Unlock()
-	if len(batch) == 0 {
-		return
-	}
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return insertChunks(ctx, tx, c.iid, t.row.ID, batch) })
-	if err != nil && ctx.Err() == nil {
-		c.log.Error("chat: persist chunks", "stream", t.row.ID, "err", err)
 	}
 }
 
@@ -253,13 +337,19 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 	policy := RecoverContinue
 	if t.recovering {
 		var err error
-		policy, err = c.prepareRecovery(ctx, t, transcript)
+		var collect bool
+		policy, collect, err = c.prepareRecovery(ctx, t, transcript)
 		if err != nil {
 			c.log.Error("chat: prepare recovery", "stream", t.row.ID, "err", err)
 			return c.finishTurn(ctx, t, OutcomeError, "recovery failed: "+err.Error())
 		}
 		c.rt.Diag().Publish(diag.ChannelChat, "recover-turn", c.b.Path().String(),
-			map[string]any{"stream": t.row.ID, "policy": policy, "keptChunks": len(t.chunks)})
+			map[string]any{"stream": t.row.ID, "policy": policy, "keptChunks": len(t.chunks), "collected": collect})
+		if collect {
+			// Its stream had ended before the crash: finished work is
+			// recorded, never redone.
+			return c.finishTurn(ctx, t, OutcomeCompleted, "")
+		}
 		if policy == RecoverAbandon {
 			return c.finishTurn(ctx, t, OutcomeError, "the turn was interrupted by a restart")
 		}
@@ -293,9 +383,20 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 		Recovering: t.recovering, Continuation: t.row.Continuation}
 	var herr error
 	if h, ok := c.self.(Handler); ok {
-		herr = safeCall(func() error { return h.OnChatMessage(t.ctx, tt) })
+		// The handler is one input of the instance; RunLoop inside it lets
+		// other inputs in while the model streams.
+		herr = agent.Enter(t.ctx, c.self, func(ctx context.Context) error {
+			return safeCall(func() error { return h.OnChatMessage(ctx, tt) })
+		})
 	} else {
-		herr = tt.RunLoop(t.ctx, c.loopOptions())
+		var o LoopOptions
+		herr = agent.Enter(t.ctx, c.self, func(context.Context) error {
+			o = c.loopOptions()
+			return nil
+		})
+		if herr == nil {
+			herr = tt.RunLoop(t.ctx, o)
+		}
 	}
 	switch {
 	case t.ctx.Err() != nil:
@@ -322,99 +423,120 @@ func safeCall(fn func() error) (err error) {
 	return fn()
 }
 
-// prepareRecovery decides how an interrupted turn resumes and rebuilds its
-// stream: the chunks up to the last completed step are kept (and replayed
-// into the builder), later ones are deleted; sequence numbers are never
-// reused.
-func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []message.Message) (Recovery, error) {
+// prepareRecovery decides how an interrupted turn resumes. Every stored
+// chunk was committed, so any of them may have reached a client: all are
+// kept (the output gate never takes back what it let out) and replayed into
+// the builder, and the stream goes on after them with new sequence
+// numbers. What the interruption left open (a text part, a tool call whose
+// input was streaming, a step) is closed with chunks of the stream itself,
+// so every client sees it end. collect reports a stream that had finished
+// (its finish chunk is stored): the turn is only recorded as ended, never
+// run again.
+func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []message.Message) (policy Recovery, collect bool, err error) {
 	var chunks []storedChunk
-	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
+	err = c.rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
 		chunks, err = loadChunks(ctx, tx, c.iid, t.row.ID)
 		return err
 	})
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	for _, ch := range chunks {
-		t.nextSeq = max(t.nextSeq, ch.Seq+1)
-	}
-	// Rebuild the partial message and find the last step boundary.
 	b := message.NewBuilder(t.row.MessageID)
 	if t.row.Continuation {
 		if last := lastAssistant(transcript); last != nil {
 			_ = b.Continue(*last)
 		}
 	}
-	cut := -1 // index of the last finish-step chunk
-
-	for i, sc := range chunks {
+	finished, stepOpen := false, false
+	for _, sc := range chunks {
+		t.nextSeq = max(t.nextSeq, sc.Seq+1)
 		var ch message.Chunk
-		if err := json.Unmarshal([]byte(sc.Body), &ch); err != nil {
-			break
+		if json.Unmarshal([]byte(sc.Body), &ch) != nil || b.Apply(ch) != nil {
+			continue // clients skip it the same way
 		}
-		if b.Apply(ch) != nil {
-			break
-		}
-		if ch.Type == message.ChunkFinishStep {
-			cut = i
-		}
-		if t.row.ToolsFrom >= 0 && sc.Seq >= t.row.ToolsFrom-1 {
-			// The model's part of the step is complete and its tool calls
-			// were executing: keep it all, and run only the calls that have
-			// no result yet.
-			cut = i
+		switch ch.Type {
+		case message.ChunkFinish:
+			finished = true
+		case message.ChunkStartStep:
+			stepOpen = true
+		case message.ChunkFinishStep:
+			stepOpen = false
 		}
 	}
+	c.mu.Lock()
+	t.chunks = chunks
+	t.started = len(chunks) > 0
+	c.mu.Unlock()
+	if len(chunks) > 0 {
+		t.builder = b
+	}
+	if finished {
+		t.finished = true
+		return RecoverContinue, true, nil
+	}
 
-	policy := RecoverContinue
-	if _, custom := c.self.(Handler); custom {
+	policy = RecoverContinue
+	_, custom := c.self.(Handler)
+	if custom {
 		policy = RecoverRetry
 	}
 	if p, ok := c.self.(RecoveryPolicy); ok {
-		policy = p.RecoverTurn(ctx, b.Message())
+		partial := b.Message()
+		_ = agent.Enter(ctx, c.self, func(ctx context.Context) error {
+			policy = p.RecoverTurn(ctx, partial)
+			return nil
+		})
 	}
-	if policy == RecoverAbandon {
-		return policy, nil
+	if policy == RecoverAbandon || len(chunks) == 0 {
+		return policy, false, nil
 	}
-	if policy == RecoverRetry {
-		cut = -1
+	text, reasoning, tools := b.OpenParts()
+	var closing []message.Chunk
+	for _, id := range text {
+		closing = append(closing, message.TextEnd(id))
 	}
-	keep := chunks[:cut+1]
-	if err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
-		keepSeq := -1
-		if len(keep) > 0 {
-			keepSeq = keep[len(keep)-1].Seq
+	for _, id := range reasoning {
+		closing = append(closing, message.ReasoningEnd(id))
+	}
+	for _, tc := range tools {
+		closing = append(closing, message.ToolInputError(tc.ID, tc.Name, json.RawMessage(`{}`), errInterrupted))
+	}
+	if stepOpen && (custom || policy == RecoverRetry || t.row.ToolsFrom < 0) {
+		// The step does not go on: its calls that never ran get an error
+		// result (a declarative turn in its tools phase runs them instead).
+		for _, p := range pendingCallsOf(b.Message()) {
+			closing = append(closing, message.ToolOutputError(p, errInterrupted))
 		}
-		_, err := tx.Exec(ctx, `DELETE FROM chat_chunks WHERE instance_id = ? AND stream_id = ? AND seq > ?`, c.iid, t.row.ID, keepSeq)
-		if err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `UPDATE chat_streams SET next_seq = ? WHERE instance_id = ? AND id = ?`, t.nextSeq, c.iid, t.row.ID)
-		return err
-	}); err != nil {
-		return 0, err
+		closing = append(closing, message.FinishStep())
 	}
-	if len(keep) == 0 {
-		return RecoverRetry, nil
-	}
-	// Continue from the boundary: replay the kept chunks into the builder.
-	t.builder = message.NewBuilder(t.row.MessageID)
-	if t.row.Continuation {
-		if last := lastAssistant(transcript); last != nil {
-			_ = t.builder.Continue(*last)
+	for _, ch := range closing {
+		if err := t.write(ch); err != nil {
+			return 0, false, err
 		}
 	}
-	for _, sc := range keep {
-		var ch message.Chunk
-		_ = json.Unmarshal([]byte(sc.Body), &ch)
-		_ = t.builder.Apply(ch)
+	return policy, false, nil
+}
+
+// errInterrupted is the error text of what a restart cut off.
+const errInterrupted = "interrupted by a restart"
+
+// pendingCallsOf returns the ids of the tool calls of the message's last
+// step that have their input but no result.
+func pendingCallsOf(m message.Message) []string {
+	last := -1
+	for i, p := range m.Parts {
+		if p.Type == message.PartStepStart {
+			last = i
+		}
 	}
-	c.mu.Lock()
-	t.chunks = append([]storedChunk(nil), keep...)
-	t.started = true
-	c.mu.Unlock()
-	return RecoverContinue, nil
+	var ids []string
+	for _, p := range m.Parts[last+1:] {
+		if p.IsTool() && p.State == message.StateInputAvailable {
+			ids = append(ids, p.ToolCallID)
+		}
+	}
+	return ids
 }
 
 // finishTurn persists the turn's end and tells the clients, in the order
@@ -430,7 +552,6 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		hasMsg = len(msg.Parts) > 0
 		res.Message = msg
 	}
-	t.flush(ctx)
 
 	// The transcript is read, changed and stored under acceptMu, like every
 	// other writer of it (accept, AppendMessages, clear), so no concurrent
@@ -460,13 +581,11 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	}
 	now := c.rt.Clock().Now()
 	cutoff := now.Add(-c.cfg.Retention).UnixMilli()
-	gone := false // cleared meanwhile: persist nothing
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
-		ok, err := streamExists(ctx, tx, c.iid, t.row.ID)
-		if err != nil || !ok {
-			gone = !ok
-			return err
-		}
+	// The last chunks, the message and the turn's end are one
+	// transaction: a turn is either unfinished in storage with a prefix of
+	// its stream, or finished with all of it. A cleared stream gets
+	// nothing (gone).
+	gone, err := t.commitGone(ctx, func(tx store.Tx) error {
 		if reorder {
 			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
 				return err
@@ -485,7 +604,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff)
+		_, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff)
 		return err
 	})
 	if err != nil {
@@ -509,15 +628,20 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 			delete(c.pending, conn)
 		}
 	}
+	deferred := c.deferred
+	if c.active == nil {
+		c.deferred = false
+	}
 	c.mu.Unlock()
-	if stale {
-		return res
+	if !stale || deferred {
+		exclude := t.origin
+		if t.row.Continuation || deferred {
+			exclude = nil
+		}
+		c.broadcastTranscript(exclude)
 	}
-	exclude := t.origin
-	if t.row.Continuation {
-		exclude = nil
-	}
-	c.broadcastTranscript(exclude)
+	// Every turn ends with its terminal frame, also one that a clear
+	// overtook: the clients' streams (and their status) end with it.
 	if outcome == OutcomeError {
 		c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: errText, Error: true, Continuation: t.row.Continuation}))
 	}
@@ -527,9 +651,18 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	return res
 }
 
-// broadcastTranscript sends the transcript to every connection but exclude.
+// broadcastTranscript sends the transcript to every connection but
+// exclude. While a turn runs, the transcript lacks the message it streams,
+// so the broadcast waits for the turn's end (finishTurn sends it to every
+// connection then): a client never sees a list in which a notice stands
+// above the reply that is still streaming.
 func (c *core) broadcastTranscript(exclude *agent.Conn) {
 	c.mu.Lock()
+	if c.active != nil {
+		c.deferred = true
+		c.mu.Unlock()
+		return
+	}
 	frame := encode(messagesFrame{Type: frameMessages, Messages: nonNil(c.msgs)})
 	c.mu.Unlock()
 	if exclude != nil {
@@ -547,20 +680,17 @@ func nonNil(m []message.Message) []message.Message {
 }
 
 // markTools records that the current step's tool calls start executing at
-// the next stream position (after making the step's chunks durable), or
-// (start=false) that the step finished.
+// the next stream position, or (start=false) that the step finished; the
+// step's chunks are committed in the same transaction.
 func (t *turn) markTools(ctx context.Context, start bool) error {
 	c := t.c
-	if start {
-		t.flush(ctx)
-	}
 	c.mu.Lock()
 	from := any(nil)
 	if start {
 		from = t.nextSeq
 	}
 	c.mu.Unlock()
-	return c.rt.DB().Update(ctx, func(tx store.Tx) error {
+	return t.commit(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE chat_streams SET tools_from = ? WHERE instance_id = ? AND id = ?`, from, c.iid, t.row.ID)
 		return err
 	})

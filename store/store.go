@@ -51,39 +51,48 @@ type Migration struct {
 
 // Migrate brings the schema of component (a package name such as "agent" or
 // "chat") up to date by running the migrations newer than the recorded
-// version, each in its own transaction.
+// version. All of it is one write transaction, so two processes that start
+// on one database at once never both run a step: on SQLite the write
+// transaction (BEGIN IMMEDIATE) is the lock, on PostgreSQL a transaction
+// advisory lock is taken first.
 func Migrate(ctx context.Context, db DB, component string, migrations []Migration) error {
 	err := db.Update(ctx, func(tx Tx) error {
-		_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_versions (
-			component TEXT PRIMARY KEY,
-			version BIGINT NOT NULL)`)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("store: migrate %s: %w", component, err)
-	}
-	for _, m := range migrations {
-		err := db.Update(ctx, func(tx Tx) error {
-			var current int
-			err := tx.QueryRow(ctx, `SELECT version FROM schema_versions WHERE component = ?`, component).Scan(&current)
-			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		if db.Dialect() == "postgres" {
+			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(?)`, int64(0x6167656e747279)); err != nil {
 				return err
 			}
-			if current >= m.Version {
-				return nil
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_versions (
+			component TEXT PRIMARY KEY,
+			version BIGINT NOT NULL)`); err != nil {
+			return err
+		}
+		var current int
+		err := tx.QueryRow(ctx, `SELECT version FROM schema_versions WHERE component = ?`, component).Scan(&current)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		applied := current
+		for _, m := range migrations {
+			if m.Version <= current {
+				continue
 			}
 			for _, stmt := range m.Statements {
 				if _, err := tx.Exec(ctx, stmt); err != nil {
 					return fmt.Errorf("version %d: %w", m.Version, err)
 				}
 			}
-			_, err = tx.Exec(ctx, `INSERT INTO schema_versions (component, version) VALUES (?, ?)
-				ON CONFLICT (component) DO UPDATE SET version = excluded.version`, component, m.Version)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("store: migrate %s: %w", component, err)
+			applied = m.Version
 		}
+		if applied == current {
+			return nil
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO schema_versions (component, version) VALUES (?, ?)
+			ON CONFLICT (component) DO UPDATE SET version = excluded.version`, component, applied)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("store: migrate %s: %w", component, err)
 	}
 	return nil
 }

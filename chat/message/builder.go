@@ -3,6 +3,7 @@ package message
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -111,6 +112,33 @@ func (b *Builder) Finalize() {
 	}
 	b.text = nil
 	b.reasoning = nil
+}
+
+// OpenToolCall is a tool call whose input is still streaming.
+type OpenToolCall struct {
+	ID, Name string
+}
+
+// OpenParts returns what the stream left open: the ids of the text and
+// reasoning parts still streaming and the tool calls whose input is still
+// streaming, each in message order. Recovery closes them with end and
+// error chunks before a stream goes on.
+func (b *Builder) OpenParts() (text, reasoning []string, tools []OpenToolCall) {
+	byIndex := func(open map[string]int) []string {
+		ids := make([]string, 0, len(open))
+		for id := range open {
+			ids = append(ids, id)
+		}
+		slices.SortFunc(ids, func(x, y string) int { return open[x] - open[y] })
+		return ids
+	}
+	text, reasoning = byIndex(b.text), byIndex(b.reasoning)
+	for _, p := range b.msg.Parts {
+		if pt, ok := b.partialTools[p.ToolCallID]; ok && p.IsTool() && p.State == StateInputStreaming {
+			tools = append(tools, OpenToolCall{ID: p.ToolCallID, Name: pt.toolName})
+		}
+	}
+	return text, reasoning, tools
 }
 
 // Apply applies one chunk to the message.
