@@ -7,7 +7,6 @@ import (
 	"errors"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/agentry/agentry/agent"
@@ -23,7 +22,6 @@ type State struct {
 // schedule). It admits child Counters whose names start with "ok-".
 type Counter struct {
 	agent.Base
-	mu sync.Mutex
 }
 
 // Class registers Counter with a runtime.
@@ -35,10 +33,9 @@ func Class() agent.Class {
 	}
 }
 
-// Increment adds by to the count and returns the new count.
+// Increment adds by to the count and returns the new count. It takes no
+// lock: the runtime runs one input of an agent at a time.
 func (c *Counter) Increment(ctx context.Context, by int) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var s State
 	if err := c.DecodeState(&s); err != nil {
 		return 0, err

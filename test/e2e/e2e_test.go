@@ -60,3 +60,38 @@ func TestChat(t *testing.T) {
 		t.Fatalf("script did not pass:\n%s", out)
 	}
 }
+
+// TestCounterOneInputAtATime runs test/npm/counter-concurrency.mjs: 20 real
+// AgentClients send 200 concurrent increment(1) calls to one Counter, which
+// has no lock of its own. It proves the runtime runs one input at a time:
+// no update is lost (the count is 200, in the script and persisted) and
+// every call saw a different count (the results are exactly 1..200).
+func TestCounterOneInputAtATime(t *testing.T) {
+	env := testenv.Start(t, testenv.Options{Classes: []agent.Class{counter.Class()}})
+	out := testenv.Node(t, 60*time.Second, "counter-concurrency.mjs", env.Host, "concurrency")
+	t.Log(out)
+	if !strings.Contains(out, "PASS counter-concurrency") {
+		t.Fatalf("script did not pass:\n%s", out)
+	}
+	n, err := env.RT.Call(context.Background(), agent.Root("Counter", "concurrency"), "get")
+	if err != nil || string(n) != "200" {
+		t.Errorf("persisted count = %s, %v; want 200", n, err)
+	}
+}
+
+// TestChatClearDuringTurn runs test/npm/chat-clear.mjs against EchoChat: a
+// clear while a turn streams ends that turn with its terminal frame
+// (outcome aborted), so the real client's status returns to ready instead
+// of streaming forever, nothing of the cleared turn is kept, and the next
+// message gets a full answer.
+func TestChatClearDuringTurn(t *testing.T) {
+	env := testenv.Start(t, testenv.Options{
+		Classes: []agent.Class{echochat.Class(echochat.Options{Delay: 50 * time.Millisecond})},
+		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
+	})
+	out := testenv.Node(t, 60*time.Second, "chat-clear.mjs", env.Host, "clear-e2e")
+	t.Log(out)
+	if !strings.Contains(out, "PASS chat-clear") {
+		t.Fatalf("script did not pass:\n%s", out)
+	}
+}

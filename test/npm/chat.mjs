@@ -6,55 +6,13 @@ import assert from "node:assert/strict";
 import WebSocket from "ws";
 import { AgentClient } from "agents/client";
 import { WebSocketChatTransport } from "agents/chat/transport";
-import { AbstractChat } from "ai";
+import { NodeChat, frames, textOf, wireResume } from "./use-agent-chat.mjs";
 
 const host = process.argv[2];
 const room = process.argv[3] ?? "chat-e2e";
 const log = (...a) => console.log(...a);
 
-class SimpleState {
-  constructor(messages = []) { this.status = "ready"; this.error = undefined; this.messages = messages; }
-  pushMessage(m) { this.messages = [...this.messages, m]; }
-  popMessage() { this.messages = this.messages.slice(0, -1); }
-  replaceMessage(i, m) { const c = [...this.messages]; c[i] = m; this.messages = c; }
-  snapshot(x) { return structuredClone(x); }
-}
-class NodeChat extends AbstractChat {
-  constructor(init) { super({ ...init, state: new SimpleState(init.messages ?? []) }); }
-}
-// The part of useAgentChat that feeds the transport's resume handshake.
-function wireResume(agent, transport) {
-  agent.addEventListener("message", (e) => {
-    if (typeof e.data !== "string") return;
-    const d = JSON.parse(e.data);
-    if (d.type === "cf_agent_stream_resuming") transport.handleStreamResuming(d);
-    else if (d.type === "cf_agent_stream_resume_none") transport.handleStreamResumeNone(d);
-    else if (d.type === "cf_agent_stream_pending") transport.handleStreamPending();
-  });
-}
-// Records chat response frames seen by a socket.
-function frames(agent) {
-  const list = [];
-  const waiters = [];
-  agent.addEventListener("message", (e) => {
-    if (typeof e.data !== "string") return;
-    const d = JSON.parse(e.data);
-    list.push(d);
-    for (const w of waiters.splice(0)) if (!w()) waiters.push(w);
-  });
-  return {
-    list,
-    until(pred, what) {
-      return new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error("timed out waiting for " + what)), 15000);
-        const check = () => { if (pred(list)) { clearTimeout(timer); resolve(); return true; } return false; };
-        if (!check()) waiters.push(check);
-      });
-    },
-  };
-}
 const mk = () => new AgentClient({ agent: "EchoChat", name: room, host, WebSocket });
-const textOf = (m) => m.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
 const getMessages = async () => (await fetch(`http://${host}/agents/echo-chat/${room}/get-messages`)).json();
 
 // 1. A message streams text back.

@@ -1,0 +1,92 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testenv"
+)
+
+// noticeChat streams a reply in two halves and waits between them for the
+// script's finish call; its notice callable appends a notice line (like an
+// agent tool's milestone notice) while the reply streams.
+type noticeChat struct {
+	chat.Base
+	finish chan struct{}
+}
+
+// The reply noticeChat streams, and the notice it appends.
+const (
+	noticeReplyHead = "Working on it"
+	noticeReplyTail = ": the research is done."
+	noticeID        = "notice-1"
+	noticeText      = `Background task "Researcher" (run r-1) reached milestone "sources-gathered".`
+)
+
+func (n *noticeChat) OnChatMessage(ctx context.Context, t *chat.Turn) error {
+	id := "reply"
+	for _, ch := range []message.Chunk{message.TextStart(id), message.TextDelta(id, noticeReplyHead)} {
+		if err := t.Write(ch); err != nil {
+			return err
+		}
+	}
+	select {
+	case <-n.finish:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for _, ch := range []message.Chunk{message.TextDelta(id, noticeReplyTail), message.TextEnd(id)} {
+		if err := t.Write(ch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Notice appends the notice and returns how many messages were added.
+func (n *noticeChat) Notice(ctx context.Context) (int, error) {
+	return n.AppendMessages(ctx, []message.Message{{ID: noticeID, Role: message.RoleAssistant,
+		Parts: []message.Part{{Type: message.PartText, Text: noticeText}}}})
+}
+
+// Finish lets the streaming reply end; it returns once the turn took it.
+func (n *noticeChat) Finish(ctx context.Context) (bool, error) {
+	select {
+	case n.finish <- struct{}{}:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// TestNoticeDuringTurnAfterReply runs test/npm/notice.mjs: a notice
+// appended with AppendMessages while a reply streams never shows above
+// that reply. No transcript broadcast during the turn lists the notice
+// without the streaming reply before it, and at the end the streaming tab,
+// another tab and the stored transcript all read user, reply, notice.
+func TestNoticeDuringTurnAfterReply(t *testing.T) {
+	finish := make(chan struct{})
+	env := testenv.Start(t, testenv.Options{
+		Classes: []agent.Class{{Name: "NoticeChat", New: func() agent.Agent { return &noticeChat{finish: finish} },
+			Callable: []string{"notice", "finish"}}},
+		Setup: func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
+	})
+	out := testenv.Node(t, 60*time.Second, "notice.mjs", env.Host, "notice-e2e")
+	t.Log(out)
+	if !strings.Contains(out, "PASS notice") {
+		t.Fatalf("script did not pass:\n%s", out)
+	}
+	a, err := env.RT.Get(context.Background(), agent.Root("NoticeChat", "notice-e2e"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := a.(*noticeChat).Messages()
+	if len(msgs) != 3 || msgs[0].Role != message.RoleUser || chat.MessageText(msgs[1]) != noticeReplyHead+noticeReplyTail || msgs[2].ID != noticeID {
+		t.Errorf("stored transcript = %+v; want user, reply, notice", msgs)
+	}
+}
