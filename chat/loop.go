@@ -79,7 +79,7 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 		}
 	}
 	for step := done; step < o.MaxSteps; step++ {
-		sys, conv := message.ToModel(append(append([]message.Message(nil), tt.Messages...), tt.Message()))
+		sys, conv := message.ToModel(append(append([]message.Message(nil), tt.Messages...), tt.modelView()))
 		if o.System != "" {
 			if sys != "" {
 				sys = o.System + "\n\n" + sys
@@ -123,6 +123,23 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 		}
 	}
 	return tt.Write(message.Finish(finish))
+}
+
+// modelView is the message so far as the model sees it: without the parts
+// that a crash cut short (clients keep them; the model answers anew).
+func (tt *Turn) modelView() message.Message {
+	m := tt.Message()
+	if len(tt.t.cut) == 0 {
+		return m
+	}
+	parts := m.Parts[:0:0]
+	for i, p := range m.Parts {
+		if !tt.t.cut[i] {
+			parts = append(parts, p)
+		}
+	}
+	m.Parts = parts
+	return m
 }
 
 // countSteps counts completed steps (step-start parts) in a message.

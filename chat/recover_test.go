@@ -29,10 +29,11 @@ func slowModel(clk clockwork.Clock, rules ...scripted.Rule) *scripted.Model {
 }
 
 // crashMidTurn submits question on a, lets the model run until its call
-// number call holds after `more` further events, persists the chunks
-// streamed so far by firing the flush timer on the runtime clock rclk, and
-// closes the runtime (which cancels the turn; it stays unfinished in
-// storage). It returns the turn id and the highest persisted seq.
+// number call holds after `more` further events, waits until the chunks
+// streamed so far are committed (the output gate commits them before any
+// client sees them), and closes the runtime (which cancels the turn; it
+// stays unfinished in storage). It returns the turn id and the highest
+// persisted seq.
 func crashMidTurn(t *testing.T, r *rig, rclk, mclk *clockwork.FakeClock, m *scripted.Model, a chatter, question string, call, more int) (string, int) {
 	t.Helper()
 	ctx := testCtx(t)
@@ -58,10 +59,6 @@ func crashMidTurn(t *testing.T, r *rig, rclk, mclk *clockwork.FakeClock, m *scri
 	textDeltas := func() int {
 		return count(t, r.sq, `SELECT COUNT(*) FROM chat_chunks WHERE stream_id = ? AND body LIKE '%"text-delta"%'`, id)
 	}
-	if n := textDeltas(); n != 0 {
-		t.Fatalf("%d text chunks persisted before the flush interval passed", n)
-	}
-	rclk.Advance(time.Second) // past FlushInterval: the flush timer fires
 	r.db.waitFor(t, "the streamed chunks to be persisted", func() bool { return textDeltas() == 1+more })
 	var maxSeq int
 	if err := r.sq.View(ctx, func(tx store.Tx) error {
@@ -108,8 +105,8 @@ func onlyAssistant(t *testing.T, msgs []message.Message) message.Message {
 // TestRecoverContinueKeepsToolStep: a turn whose tool step completed before
 // the crash (tool call step, then a text step cut short) is resumed by the
 // next runtime on Start (the "chat" wake reason): under the default policy
-// the tool is not run again, the text step runs once more, and the
-// transcript holds one whole answer.
+// the tool is not run again, the cut text (committed, so possibly seen by
+// clients) is kept and closed, and the text step runs once more after it.
 func TestRecoverContinueKeepsToolStep(t *testing.T) {
 	dir := t.TempDir()
 	mclk := clockwork.NewFakeClock()
@@ -157,8 +154,8 @@ func TestRecoverContinueKeepsToolStep(t *testing.T) {
 		t.Fatalf("model calls %d (last rule %q), want 3 ending with the answer after the kept tool result", len(calls), calls[len(calls)-1].Rule)
 	}
 	asst := onlyAssistant(t, a.Messages())
-	if got := chat.MessageText(asst); got != answer {
-		t.Fatalf("answer %q, want %q", got, answer)
+	if got, want := chat.MessageText(asst), answer[:4*3]+answer; got != want {
+		t.Fatalf("answer %q, want %q (the kept cut text, then the whole answer)", got, want)
 	}
 	tp := toolParts(asst)
 	if len(tp) != 1 || tp[0].State != message.StateOutputAvailable || string(tp[0].Output) != "42" {
@@ -172,10 +169,12 @@ func TestRecoverContinueKeepsToolStep(t *testing.T) {
 	}
 }
 
-// TestRecoverRetryWholeAnswer: with RecoverRetry the partial answer is
-// discarded and the turn runs again: one whole answer, not duplicated. A
+// TestRecoverRetryWholeAnswer: with RecoverRetry the turn's handler runs
+// again from the beginning. What was committed before the crash may have
+// reached clients, so it is kept (closed) and the new answer follows it. A
 // connection that resumes the recovered stream sees one consistent stream:
-// seqs strictly increasing, none reused from before the crash.
+// seqs consecutive from 0, the ones from before the crash with their old
+// bodies, and its text is the transcript's.
 func TestRecoverRetryWholeAnswer(t *testing.T) {
 	dir := t.TempDir()
 	mclk := clockwork.NewFakeClock()
@@ -209,14 +208,14 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 	stop()
 
 	rec := turns.wait(t, "recover-turn", "stream", id)
-	if rec.Attrs["policy"] != chat.RecoverRetry || rec.Attrs["keptChunks"].(int) != 0 {
-		t.Fatalf("recovery %v, want RecoverRetry keeping nothing", rec.Attrs)
+	if rec.Attrs["policy"] != chat.RecoverRetry || rec.Attrs["keptChunks"].(int) != maxSeq+1 {
+		t.Fatalf("recovery %v, want RecoverRetry keeping the %d committed chunks", rec.Attrs, maxSeq+1)
 	}
 	s := seqs(t, c.all, id)
-	if len(s) == 0 || s[0] <= maxSeq {
-		t.Fatalf("seqs %v reuse the seqs up to %d persisted before the crash", s, maxSeq)
+	consecutive(t, "resumed stream", s, 0)
+	if len(s) <= maxSeq+1 {
+		t.Fatalf("seqs %v: nothing after the %d chunks from before the crash", s, maxSeq+1)
 	}
-	consecutive(t, "resumed stream", s, s[0])
 	if first := replay[0]; !first.isContent() || first.chunk(t).Type != message.ChunkStart {
 		t.Fatalf("the retried stream does not start with start: %s", first.raw)
 	}
@@ -224,7 +223,7 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 	if d.Outcome != chat.OutcomeCompleted || d.Replay {
 		t.Fatalf("terminal frame %s", d.raw)
 	}
-	want := "You said: " + question
+	want := ("You said: " + question)[:4*4] + "You said: " + question
 	var streamed strings.Builder
 	for _, f := range c.all {
 		if f.isContent() && f.ID == id {
@@ -238,7 +237,7 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 	}
 	asst := onlyAssistant(t, getMessages(t, env.HTTP.URL, path))
 	if got := chat.MessageText(asst); got != want {
-		t.Fatalf("answer %q, want %q (whole, once)", got, want)
+		t.Fatalf("answer %q, want %q (the kept cut text, then the whole answer)", got, want)
 	}
 	if n := len(turns.matching("turn", "stream", id)); n != 1 {
 		t.Fatalf("turn ended %d times", n)

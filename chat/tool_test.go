@@ -63,7 +63,8 @@ type toolCounts struct {
 type empty struct{}
 
 // barrier returns a tool function that blocks until n calls have started:
-// it returns only if the calls run in parallel.
+// it returns only if the calls run in parallel. Its wait is an await point
+// (agent.Await), where the instance lets the other calls in.
 func barrier(n int, started *atomic.Int64) func(ctx context.Context, in empty) (string, error) {
 	var mu sync.Mutex
 	arrived := 0
@@ -76,15 +77,21 @@ func barrier(n int, started *atomic.Int64) func(ctx context.Context, in empty) (
 			close(all)
 		}
 		mu.Unlock()
-		select {
-		case <-all:
-			tc, _ := chat.ToolCallFromContext(ctx)
-			return "met " + tc.Name, nil
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(waitLimit):
-			return "", errors.New("the other call never started: tool calls do not run in parallel")
+		err := agent.Await(ctx, func() error {
+			select {
+			case <-all:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(waitLimit):
+				return errors.New("the other call never started: tool calls do not run in parallel")
+			}
+		})
+		if err != nil {
+			return "", err
 		}
+		tc, _ := chat.ToolCallFromContext(ctx)
+		return "met " + tc.Name, nil
 	}
 }
 

@@ -39,7 +39,8 @@ type turn struct {
 
 	// Owned by the turn's goroutine.
 	builder  *message.Builder
-	finished bool // a finish chunk was written
+	cut      map[int]bool // parts a crash cut short: kept for clients, not shown to the model
+	finished bool         // a finish chunk was written
 	errText  string
 }
 
@@ -493,11 +494,14 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	}
 	text, reasoning, tools := b.OpenParts()
 	var closing []message.Chunk
-	for _, id := range text {
-		closing = append(closing, message.TextEnd(id))
+	t.cut = map[int]bool{}
+	for _, p := range text {
+		closing = append(closing, message.TextEnd(p.ID))
+		t.cut[p.Index] = true
 	}
-	for _, id := range reasoning {
-		closing = append(closing, message.ReasoningEnd(id))
+	for _, p := range reasoning {
+		closing = append(closing, message.ReasoningEnd(p.ID))
+		t.cut[p.Index] = true
 	}
 	for _, tc := range tools {
 		closing = append(closing, message.ToolInputError(tc.ID, tc.Name, json.RawMessage(`{}`), errInterrupted))

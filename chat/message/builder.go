@@ -119,18 +119,25 @@ type OpenToolCall struct {
 	ID, Name string
 }
 
+// OpenPart is a text or reasoning part that is still streaming: its stream
+// id and its index in the message's parts.
+type OpenPart struct {
+	ID    string
+	Index int
+}
+
 // OpenParts returns what the stream left open: the ids of the text and
 // reasoning parts still streaming and the tool calls whose input is still
 // streaming, each in message order. Recovery closes them with end and
 // error chunks before a stream goes on.
-func (b *Builder) OpenParts() (text, reasoning []string, tools []OpenToolCall) {
-	byIndex := func(open map[string]int) []string {
-		ids := make([]string, 0, len(open))
-		for id := range open {
-			ids = append(ids, id)
+func (b *Builder) OpenParts() (text, reasoning []OpenPart, tools []OpenToolCall) {
+	byIndex := func(open map[string]int) []OpenPart {
+		ps := make([]OpenPart, 0, len(open))
+		for id, i := range open {
+			ps = append(ps, OpenPart{ID: id, Index: i})
 		}
-		slices.SortFunc(ids, func(x, y string) int { return open[x] - open[y] })
-		return ids
+		slices.SortFunc(ps, func(x, y OpenPart) int { return x.Index - y.Index })
+		return ps
 	}
 	text, reasoning = byIndex(b.text), byIndex(b.reasoning)
 	for _, p := range b.msg.Parts {

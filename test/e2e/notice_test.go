@@ -35,10 +35,18 @@ func (n *noticeChat) OnChatMessage(ctx context.Context, t *chat.Turn) error {
 			return err
 		}
 	}
-	select {
-	case <-n.finish:
-	case <-ctx.Done():
-		return ctx.Err()
+	// Waiting inside a handler is an await point: the agent takes its
+	// RPCs (notice, finish) meanwhile.
+	err := agent.Await(ctx, func() error {
+		select {
+		case <-n.finish:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	if err != nil {
+		return err
 	}
 	for _, ch := range []message.Chunk{message.TextDelta(id, noticeReplyTail), message.TextEnd(id)} {
 		if err := t.Write(ch); err != nil {
@@ -55,13 +63,17 @@ func (n *noticeChat) Notice(ctx context.Context) (int, error) {
 }
 
 // Finish lets the streaming reply end; it returns once the turn took it.
-func (n *noticeChat) Finish(ctx context.Context) (bool, error) {
-	select {
-	case n.finish <- struct{}{}:
-		return true, nil
-	case <-ctx.Done():
-		return false, ctx.Err()
-	}
+func (n *noticeChat) Finish(ctx context.Context) (ok bool, err error) {
+	err = agent.Await(ctx, func() error {
+		select {
+		case n.finish <- struct{}{}:
+			ok = true
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	return ok, err
 }
 
 // TestNoticeDuringTurnAfterReply runs test/npm/notice.mjs: a notice
