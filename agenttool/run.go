@@ -145,6 +145,10 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 		return h.dispatchFailed(ctx, row, err.Error())
 	}
 	if err := h.markRunning(ctx, runID); err != nil {
+		if h.rt.Context().Err() != nil {
+			// Shutting down: the run is recovered with the process.
+			return Result{}, agent.ErrClosed
+		}
 		return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
 	}
 	row.Status = StatusRunning
@@ -300,6 +304,9 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		signals.offer(body)
 	})
 	if err != nil {
+		if h.rt.Context().Err() != nil {
+			return Result{}, agent.ErrClosed // the run resumes with the process
+		}
 		return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
 	}
 	ch, _ := hostOf(child)

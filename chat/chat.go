@@ -148,7 +148,7 @@ func (r TurnResult) Text() string { return MessageText(r.Message) }
 // MessageText returns the concatenated text of a message's text parts.
 func MessageText(m message.Message) string {
 	var s string
-	for _, p := range m.Parts {
+	for _, p := range message.Visible(m.Parts) {
 		if p.Type == message.PartText {
 			s += p.Text
 		}

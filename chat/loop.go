@@ -63,9 +63,9 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 		tools[tl.Name] = tl
 		specs = append(specs, tl.Spec())
 	}
-	done := countSteps(tt.Message())
+	done := countSteps(tt.modelView())
 	finish := model.FinishStop
-	if pending := pendingCalls(tt.Message(), tools); tt.Recovering && len(pending) > 0 {
+	if pending := pendingCalls(tt.modelView(), tools); tt.Recovering && len(pending) > 0 {
 		// Recovered in the middle of executing a step's tool calls: run the
 		// ones without a result, then go on with the next step.
 		if err := tt.executeCalls(ctx, pending, tools); err != nil {
@@ -125,20 +125,12 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 	return tt.Write(message.Finish(finish))
 }
 
-// modelView is the message so far as the model sees it: without the parts
-// that a crash cut short (clients keep them; the model answers anew).
+// modelView is the message so far as the model sees it: a retried turn's
+// earlier attempt and what a restart cut short are left out (clients keep
+// them; the model answers anew). Its steps are the ones that count.
 func (tt *Turn) modelView() message.Message {
 	m := tt.Message()
-	if len(tt.t.cut) == 0 {
-		return m
-	}
-	parts := m.Parts[:0:0]
-	for i, p := range m.Parts {
-		if !tt.t.cut[i] {
-			parts = append(parts, p)
-		}
-	}
-	m.Parts = parts
+	m.Parts = message.Visible(m.Parts[min(tt.t.hidden, len(m.Parts)):])
 	return m
 }
 

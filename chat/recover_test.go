@@ -73,6 +73,18 @@ func crashMidTurn(t *testing.T, r *rig, rclk, mclk *clockwork.FakeClock, m *scri
 	return id, maxSeq
 }
 
+// allText concatenates the text of every text part, the interrupted ones
+// included: what a client renders.
+func allText(m message.Message) string {
+	var s strings.Builder
+	for _, p := range m.Parts {
+		if p.Type == message.PartText {
+			s.WriteString(p.Text)
+		}
+	}
+	return s.String()
+}
+
 // streamStatus reads a stream's status from the database file.
 func streamStatus(t *testing.T, dir, id string) string {
 	t.Helper()
@@ -154,8 +166,11 @@ func TestRecoverContinueKeepsToolStep(t *testing.T) {
 		t.Fatalf("model calls %d (last rule %q), want 3 ending with the answer after the kept tool result", len(calls), calls[len(calls)-1].Rule)
 	}
 	asst := onlyAssistant(t, a.Messages())
-	if got, want := chat.MessageText(asst), answer[:4*3]+answer; got != want {
-		t.Fatalf("answer %q, want %q (the kept cut text, then the whole answer)", got, want)
+	if got := chat.MessageText(asst); got != answer {
+		t.Fatalf("answer %q, want %q (the cut text is kept but marked, not part of the answer)", got, answer)
+	}
+	if got, want := allText(asst), answer[:4*3]+answer; got != want {
+		t.Fatalf("parts' text %q, want %q (the kept cut text, then the whole answer)", got, want)
 	}
 	tp := toolParts(asst)
 	if len(tp) != 1 || tp[0].State != message.StateOutputAvailable || string(tp[0].Output) != "42" {
@@ -223,7 +238,7 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 	if d.Outcome != chat.OutcomeCompleted || d.Replay {
 		t.Fatalf("terminal frame %s", d.raw)
 	}
-	want := ("You said: " + question)[:4*4] + "You said: " + question
+	want := "You said: " + question
 	var streamed strings.Builder
 	for _, f := range c.all {
 		if f.isContent() && f.ID == id {
@@ -232,12 +247,13 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 			}
 		}
 	}
-	if streamed.String() != want {
-		t.Fatalf("the resumed stream's text is %q, want %q", streamed.String(), want)
-	}
 	asst := onlyAssistant(t, getMessages(t, env.HTTP.URL, path))
+	if streamed.String() != allText(asst) || streamed.String() != want[:4*4]+want {
+		t.Fatalf("the resumed stream's text is %q, the message's parts %q; want %q (the cut text, then the whole answer)",
+			streamed.String(), allText(asst), want[:4*4]+want)
+	}
 	if got := chat.MessageText(asst); got != want {
-		t.Fatalf("answer %q, want %q (the kept cut text, then the whole answer)", got, want)
+		t.Fatalf("answer %q, want %q (the cut attempt is marked interrupted)", got, want)
 	}
 	if n := len(turns.matching("turn", "stream", id)); n != 1 {
 		t.Fatalf("turn ended %d times", n)

@@ -39,8 +39,8 @@ type turn struct {
 
 	// Owned by the turn's goroutine.
 	builder  *message.Builder
-	cut      map[int]bool // parts a crash cut short: kept for clients, not shown to the model
-	finished bool         // a finish chunk was written
+	hidden   int  // leading parts a retried turn's model does not see
+	finished bool // a finish chunk was written
 	errText  string
 }
 
@@ -494,30 +494,46 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	}
 	text, reasoning, tools := b.OpenParts()
 	var closing []message.Chunk
-	t.cut = map[int]bool{}
 	for _, p := range text {
-		closing = append(closing, message.TextEnd(p.ID))
-		t.cut[p.Index] = true
+		ch := message.TextEnd(p.ID)
+		ch.ProviderMetadata = message.InterruptedMetadata
+		closing = append(closing, ch)
 	}
 	for _, p := range reasoning {
-		closing = append(closing, message.ReasoningEnd(p.ID))
-		t.cut[p.Index] = true
+		ch := message.ReasoningEnd(p.ID)
+		ch.ProviderMetadata = message.InterruptedMetadata
+		closing = append(closing, ch)
 	}
 	for _, tc := range tools {
-		closing = append(closing, message.ToolInputError(tc.ID, tc.Name, json.RawMessage(`{}`), errInterrupted))
+		ch := message.ToolInputError(tc.ID, tc.Name, json.RawMessage(`{}`), errInterrupted)
+		ch.ProviderMetadata = message.InterruptedMetadata
+		closing = append(closing, ch)
 	}
-	if stepOpen && (custom || policy == RecoverRetry || t.row.ToolsFrom < 0) {
-		// The step does not go on: its calls that never ran get an error
-		// result (a declarative turn in its tools phase runs them instead).
-		for _, p := range pendingCallsOf(b.Message()) {
-			closing = append(closing, message.ToolOutputError(p, errInterrupted))
+	if pending := pendingCallsOf(b.Message()); stepOpen {
+		switch {
+		case custom || policy == RecoverRetry || len(pending) == 0:
+			// The step does not go on: its calls that never ran get an
+			// error result, and it is marked so that the model (and the
+			// message's text) leave it out; it runs again after it.
+			for _, id := range pending {
+				closing = append(closing, message.ToolOutputError(id, errInterrupted))
+			}
+			closing = append(closing, message.Data(message.InterruptedStepName, "", json.RawMessage(`{"reason":"restart"}`), false),
+				message.FinishStep())
 		}
-		closing = append(closing, message.FinishStep())
+		// Else the loop runs the step's calls that have no result and
+		// closes the step (at least once: a call may have been running).
 	}
 	for _, ch := range closing {
 		if err := t.write(ch); err != nil {
 			return 0, false, err
 		}
+	}
+	if policy == RecoverRetry {
+		// The turn runs again from its beginning: what it wrote before
+		// stays for the clients, hidden from the model and from the step
+		// count.
+		t.hidden = len(t.builder.Message().Parts)
 	}
 	return policy, false, nil
 }

@@ -340,3 +340,67 @@ func (a *Approval) clone() *Approval {
 	out.extra = cloneExtra(a.extra)
 	return &out
 }
+
+// InterruptedMetadata is the provider metadata that marks a part a restart
+// cut short (a text or reasoning part, a tool call whose input was
+// streaming). Recovery closes such a part with it
+// (in the part's end chunk, so clients get the same mark); the part stays
+// in the message for the people who saw it, and is left out of what the
+// model is shown and of the message's text.
+var InterruptedMetadata = json.RawMessage(`{"agentry":{"interrupted":true}}`)
+
+// Interrupted reports whether the part was cut short by a restart (see
+// InterruptedMetadata): a text or reasoning part, or a tool call whose
+// input was still streaming.
+func (p Part) Interrupted() bool {
+	marked := func(meta json.RawMessage) bool {
+		if len(meta) == 0 {
+			return false
+		}
+		var m struct {
+			Agentry struct {
+				Interrupted bool `json:"interrupted"`
+			} `json:"agentry"`
+		}
+		return json.Unmarshal(meta, &m) == nil && m.Agentry.Interrupted
+	}
+	switch {
+	case p.IsTool():
+		return marked(p.ResultProviderMetadata) || marked(p.CallProviderMetadata)
+	case p.Type == PartText || p.Type == PartReasoning:
+		return marked(p.ProviderMetadata)
+	}
+	return false
+}
+
+// InterruptedStepName is the name of the data part ("data-agentry-interrupted")
+// that recovery writes into a step a restart cut short, before the step's
+// end. The step stays in the message for the people who saw it; the model
+// is not shown it and it is not part of the message's text (Visible).
+const InterruptedStepName = "agentry-interrupted"
+
+// Visible returns the parts of an assistant message that count as its
+// answer: without the parts a restart cut short (Interrupted) and without
+// every part of a step marked with an InterruptedStepName data part. It is
+// what the model is shown and what the message's text is made of.
+func Visible(parts []Part) []Part {
+	marker := DataPartPrefix + InterruptedStepName
+	out := make([]Part, 0, len(parts))
+	step := -1 // index in out of the current step's step-start part
+	for _, p := range parts {
+		switch {
+		case p.Type == PartStepStart:
+			step = len(out)
+			out = append(out, p)
+		case p.Type == marker:
+			if step >= 0 {
+				out = out[:step]
+				step = -1
+			}
+		case p.Interrupted():
+		default:
+			out = append(out, p)
+		}
+	}
+	return out
+}

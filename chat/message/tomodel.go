@@ -84,7 +84,8 @@ func appendAssistant(conv []model.Message, parts []Part) []model.Message {
 		}
 		content, results = nil, nil
 	}
-	for _, p := range parts {
+	// What a restart cut short stays for clients; the model answers anew.
+	for _, p := range Visible(parts) {
 		switch {
 		case p.Type == PartStepStart:
 			flush()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/store"
@@ -156,6 +157,9 @@ func TestKillDuringSlowTurn(t *testing.T) {
 	if done.Outcome != "completed" {
 		t.Fatalf("terminal frame %s", done.raw)
 	}
+	// The resumed stream is applied as the client applies it; its message
+	// must be the stored one, part for part.
+	built := message.NewBuilder("")
 	var text strings.Builder
 	last := -1
 	for _, f := range resumed {
@@ -173,9 +177,17 @@ func TestKillDuringSlowTurn(t *testing.T) {
 		if ch.Type == message.ChunkTextDelta {
 			text.WriteString(ch.Delta)
 		}
+		if err := built.Apply(ch); err != nil {
+			t.Fatalf("chunk %d does not apply: %v", *f.Seq, err)
+		}
 	}
-	if text.String() != want {
-		t.Fatalf("the resumed stream's text is %q, want %q", text.String(), want)
+	// What was cut by the kill is kept (it may have been shown) and
+	// marked; the answer itself follows it whole.
+	if !strings.HasSuffix(text.String(), want) {
+		t.Fatalf("the resumed stream's text is %q, want it to end with %q", text.String(), want)
+	}
+	if got := chat.MessageText(built.Message()); got != want {
+		t.Fatalf("the resumed stream's answer is %q, want %q", got, want)
 	}
 
 	msgs := getMessages(t, "http://"+s2.Host+path+"/get-messages")
@@ -188,14 +200,17 @@ func TestKillDuringSlowTurn(t *testing.T) {
 	if len(msgs) != 2 || len(answers) != 1 {
 		t.Fatalf("transcript has %d messages, %d answers; want the question and one answer", len(msgs), len(answers))
 	}
-	var got strings.Builder
+	var stored strings.Builder
 	for _, p := range answers[0].Parts {
 		if p.Type == message.PartText {
-			got.WriteString(p.Text)
+			stored.WriteString(p.Text)
 		}
 	}
-	if got.String() != want {
-		t.Fatalf("answer %q, want %q", got.String(), want)
+	if stored.String() != text.String() {
+		t.Fatalf("stored parts' text %q, the resumed stream's %q", stored.String(), text.String())
+	}
+	if got := chat.MessageText(answers[0]); got != want {
+		t.Fatalf("answer %q, want %q", got, want)
 	}
 
 	// Storage: one turn, finished once, completed, run twice in all.
