@@ -40,6 +40,16 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 	if err != nil {
 		return Result{}, err
 	}
+	res, err := h.run(ctx, parent, class, opts)
+	if err != nil && h.rt.Context().Err() != nil {
+		// The runtime closed under the dispatch: whatever failed because
+		// of it, the run is recovered with the process.
+		return Result{}, agent.ErrClosed
+	}
+	return res, err
+}
+
+func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts RunOptions) (Result, error) {
 	if !h.rt.HasClass(class) {
 		return Result{}, fmt.Errorf("agenttool: %w %q", agent.ErrUnknownClass, class)
 	}
