@@ -119,7 +119,10 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	}
 	msg := defaultInputMessage(input, runID)
 	if f, ok := h.a.(InputFormatter); ok {
-		msg = f.FormatAgentToolInput(input, req)
+		_ = agent.Enter(agent.Unheld(ctx), h.a, func(context.Context) error {
+			msg = f.FormatAgentToolInput(input, req)
+			return nil
+		})
 	}
 	body, _ := json.Marshal(map[string]json.RawMessage{"agentToolInput": orNull(input)})
 	// The run is known under its turn's id before the turn starts, so the
@@ -247,7 +250,12 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 	summary := ""
 	if status == StatusCompleted {
 		if p, ok := h.a.(OutputProvider); ok {
-			out, oerr := p.AgentToolOutput(agent.WithAgent(ctx, h.a), cr.runID)
+			var out any
+			oerr := agent.Enter(ctx, h.a, func(ctx context.Context) error {
+				var err error
+				out, err = p.AgentToolOutput(ctx, cr.runID)
+				return err
+			})
 			if oerr != nil {
 				status, errText = StatusError, "agent tool output: "+oerr.Error()
 			} else if out != nil {
@@ -255,7 +263,10 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 			}
 		}
 		if p, ok := h.a.(SummaryProvider); ok {
-			summary = p.AgentToolSummary(agent.WithAgent(ctx, h.a), cr.runID, output)
+			_ = agent.Enter(ctx, h.a, func(ctx context.Context) error {
+				summary = p.AgentToolSummary(ctx, cr.runID, output)
+				return nil
+			})
 		} else {
 			summary = res.Text()
 			if summary == "" && output != nil {

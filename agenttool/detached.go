@@ -207,19 +207,21 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 	if err != nil || !won {
 		return err
 	}
-	actx := agent.WithAgent(ctx, h.a)
-	if o, ok := h.a.(FinishObserver); ok {
-		o.OnAgentToolFinish(actx, run, res)
-	}
-	var cbErr error
+	// The delivery is one input of the parent.
 	callback := row.det.OnFinish
-	switch {
-	case callback != "":
-		cbErr = h.callOnFinish(actx, callback, run, res)
-	case row.det.Notify:
-		callback = "notify"
-		cbErr = h.notifyFinish(actx, row, run, res)
-	}
+	cbErr := agent.Enter(ctx, h.a, func(actx context.Context) error {
+		if o, ok := h.a.(FinishObserver); ok {
+			o.OnAgentToolFinish(actx, run, res)
+		}
+		switch {
+		case callback != "":
+			return h.callOnFinish(actx, callback, run, res)
+		case row.det.Notify:
+			callback = "notify"
+			return h.notifyFinish(actx, row, run, res)
+		}
+		return nil
+	})
 	if cbErr != nil {
 		h.publish("detached:delivery_failed", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status),
 			"callback": callback, "error": cbErr.Error()})

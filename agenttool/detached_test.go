@@ -221,7 +221,10 @@ func (p *detParent) OnDone(ctx context.Context, run agenttool.Run, res agenttool
 	k.mu.Unlock()
 	var err error
 	if k.onDone != nil {
-		err = k.onDone(n, run, res)
+		// The kit's callback may block (scenarios 49 and 50): that is an
+		// await point, where the parent takes its other inputs (a
+		// reconcile tick).
+		err = agent.Await(ctx, func() error { return k.onDone(n, run, res) })
 	}
 	if err != nil {
 		k.record(detCall{Hook: "done-failed", Run: run, Result: res})

@@ -27,12 +27,15 @@ func CancelAgentTool(ctx context.Context, parent agent.Agent, runID, reason stri
 	h.mu.Unlock()
 	if live {
 		lr.cancel(errors.New(reason))
-		select {
-		case <-lr.done:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		// An await point: the run's end is delivered to this instance.
+		return agent.Await(ctx, func() error {
+			select {
+			case <-lr.done:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
 	}
 	row, ok, err := h.readRun(ctx, runID)
 	if err != nil {

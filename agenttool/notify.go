@@ -23,7 +23,10 @@ func (h *host) notifyFinish(ctx context.Context, row runRow, run Run, res Result
 	}
 	text := defaultCompletionText(run, res)
 	if f, ok := h.a.(CompletionFormatter); ok {
-		text = f.FormatDetachedCompletion(run, res)
+		_ = agent.Enter(ctx, h.a, func(context.Context) error {
+			text = f.FormatDetachedCompletion(run, res)
+			return nil
+		})
 	}
 	if text == "" {
 		return nil
@@ -105,7 +108,10 @@ func (h *host) milestoneNotice(ctx context.Context, row runRow, m Milestone) {
 		text += " " + m.Message
 	}
 	if f, ok := h.a.(MilestoneFormatter); ok {
-		text = f.FormatDetachedMilestone(row.Run, m)
+		_ = agent.Enter(ctx, h.a, func(context.Context) error {
+			text = f.FormatDetachedMilestone(row.Run, m)
+			return nil
+		})
 	}
 	if text == "" {
 		return
@@ -161,14 +167,17 @@ func (h *host) newSignalDispatcher(row runRow) *signalDispatcher {
 	d := &signalDispatcher{h: h, row: row, ch: make(chan ProgressEvent, 256), done: make(chan struct{})}
 	h.rt.Go(func(ctx context.Context) {
 		defer close(d.done)
-		ctx = agent.WithAgent(ctx, h.a)
 		for ev := range d.ch {
-			if o, ok := h.a.(ProgressObserver); ok {
-				o.OnProgress(ctx, row.Run, ev)
-			}
-			if ev.Milestone != nil {
-				h.milestoneNotice(ctx, row, *ev.Milestone)
-			}
+			// Each signal is one input of the parent.
+			_ = agent.Enter(ctx, h.a, func(ctx context.Context) error {
+				if o, ok := h.a.(ProgressObserver); ok {
+					o.OnProgress(ctx, row.Run, ev)
+				}
+				if ev.Milestone != nil {
+					h.milestoneNotice(ctx, row, *ev.Milestone)
+				}
+				return nil
+			})
 		}
 	})
 	return d

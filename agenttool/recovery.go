@@ -223,24 +223,32 @@ func (h *host) inspectForRecovery(ctx context.Context, row runRow, timeout time.
 		err   error
 	}
 	done := make(chan answer, 1)
+	gctx := agent.Unheld(ctx)
 	go func() {
 		var a answer
-		a.child, a.err = h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
+		a.child, a.err = h.rt.Get(gctx, h.b.Path().Child(row.AgentType, row.RunID))
 		if a.err == nil {
 			if a.ch, a.err = hostOf(a.child); a.err == nil {
-				a.insp, a.err = a.ch.inspectChild(ctx, row.RunID)
+				a.insp, a.err = a.ch.inspectChild(gctx, row.RunID)
 			}
 		}
 		done <- a
 	}()
 	t := h.rt.Clock().NewTimer(timeout)
 	defer t.Stop()
-	select {
-	case a := <-done:
-		return a.child, a.ch, a.insp, a.err
-	case <-t.Chan():
-		return nil, nil, nil, context.DeadlineExceeded
-	case <-ctx.Done():
-		return nil, nil, nil, ctx.Err()
+	var a answer
+	err := agent.Await(ctx, func() error {
+		select {
+		case a = <-done:
+			return a.err
+		case <-t.Chan():
+			return context.DeadlineExceeded
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	if err != nil {
+		return nil, nil, nil, err
 	}
+	return a.child, a.ch, a.insp, nil
 }

@@ -130,7 +130,10 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		return Result{RunID: runID, AgentType: class, Status: StatusError, Error: capErr.Error()}, capErr
 	}
 	if o, ok := parent.(StartObserver); ok {
-		o.OnAgentToolStart(ctx, run)
+		_ = agent.Enter(ctx, parent, func(ctx context.Context) error {
+			o.OnAgentToolStart(ctx, run)
+			return nil
+		})
 	}
 	h.publish("start", map[string]any{"runId": runID, "agentType": class, "parentToolCallId": opts.ParentToolCallID})
 	order := opts.DisplayOrder
@@ -178,10 +181,16 @@ type preKey struct{}
 
 // waitLive waits for another caller's run and returns its stored result.
 func (h *host) waitLive(ctx context.Context, other *liveRun, runID string) (Result, error) {
-	select {
-	case <-other.done:
-	case <-ctx.Done():
-		return Result{}, context.Cause(ctx)
+	err := agent.Await(ctx, func() error {
+		select {
+		case <-other.done:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	})
+	if err != nil {
+		return Result{}, err
 	}
 	r, _, err := h.readRun(context.WithoutCancel(ctx), runID)
 	return r.Result(), err
@@ -321,32 +330,38 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	}
 	ch, _ := hostOf(child)
 	var gaveUp Reason
-	select {
-	case <-cr.done:
-	case <-h.rt.Context().Done():
-	case <-idleC:
-		gaveUp = ReasonNoProgress
-	case <-windowC:
-		gaveUp = ReasonWindowExceeded
-		if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run given up by parent recovery: window-exceeded"); err != nil {
-			h.b.Logger().Error("agenttool: tear down child", "run", row.RunID, "err", err)
-		}
+	// Waiting for the child is an await point of the parent: it takes its
+	// other inputs meanwhile (an RPC, another tool call, this run's
+	// progress deliveries).
+	_ = agent.Await(ctx, func() error {
 		select {
 		case <-cr.done:
 		case <-h.rt.Context().Done():
+		case <-idleC:
+			gaveUp = ReasonNoProgress
+		case <-windowC:
+			gaveUp = ReasonWindowExceeded
+			if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run given up by parent recovery: window-exceeded"); err != nil {
+				h.b.Logger().Error("agenttool: tear down child", "run", row.RunID, "err", err)
+			}
+			select {
+			case <-cr.done:
+			case <-h.rt.Context().Done():
+			}
+		case <-runCtx.Done():
+			reason := causeText(runCtx)
+			if h.rt.Context().Err() != nil {
+				// Shutting down, not canceled: the run resumes with the process.
+			} else if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, reason); err != nil {
+				h.b.Logger().Error("agenttool: cancel child", "run", row.RunID, "err", err)
+			}
+			select {
+			case <-cr.done:
+			case <-h.rt.Context().Done():
+			}
 		}
-	case <-runCtx.Done():
-		reason := causeText(runCtx)
-		if h.rt.Context().Err() != nil {
-			// Shutting down, not canceled: the run resumes with the process.
-		} else if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, reason); err != nil {
-			h.b.Logger().Error("agenttool: cancel child", "run", row.RunID, "err", err)
-		}
-		select {
-		case <-cr.done:
-		case <-h.rt.Context().Done():
-		}
-	}
+		return nil
+	})
 	stop()
 	// Signals seen so far (milestone notices) are handled before the end
 	// is delivered, so a chat reads them in order.
@@ -439,7 +454,10 @@ func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Re
 	switch {
 	case !row.det.Detached:
 		if o, ok := h.a.(FinishObserver); ok {
-			o.OnAgentToolFinish(agent.WithAgent(ctx, h.a), run, res)
+			_ = agent.Enter(ctx, h.a, func(ctx context.Context) error {
+				o.OnAgentToolFinish(ctx, run, res)
+				return nil
+			})
 		}
 	case res.Status == StatusInterrupted:
 		if err := h.deliver(ctx, slotGiveUp, row, run, res); err != nil {

@@ -164,7 +164,8 @@ func (b *Base) SaveMessages(ctx context.Context, msgs []message.Message) (TurnRe
 }
 
 // WaitTurn waits for the turn id to end and returns its result. A turn that
-// ended earlier is answered from storage.
+// ended earlier is answered from storage. Waiting is an await point (see
+// agent.Await): the instance takes other inputs meanwhile.
 func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
 	c := b.c
 	c.mu.Lock()
@@ -176,12 +177,17 @@ func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
 		ch := make(chan TurnResult, 1)
 		c.waiters[id] = append(c.waiters[id], ch)
 		c.mu.Unlock()
-		select {
-		case r := <-ch:
-			return r, nil
-		case <-ctx.Done():
-			return TurnResult{}, ctx.Err()
-		}
+		// An await point: the turn's tools are inputs of this instance.
+		var r TurnResult
+		err := agent.Await(ctx, func() error {
+			select {
+			case r = <-ch:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+		return r, err
 	}
 	c.mu.Unlock()
 	return c.storedResult(ctx, id)
