@@ -643,9 +643,15 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		// Ended: a probe from now on must not be offered this stream live.
 		c.active = nil
 	}
+	// A connection offered this stream and not yet acknowledging it gets
+	// no live end: its ack replays the stored stream, end included. Sent
+	// now, the end would reach it before the replay and close its stream
+	// empty.
+	var replaying []*agent.Conn
 	for conn, id := range c.pending {
 		if id == t.row.ID {
 			delete(c.pending, conn)
+			replaying = append(replaying, conn)
 		}
 	}
 	deferred := c.deferred
@@ -663,10 +669,10 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	// Every turn ends with its terminal frame, also one that a clear
 	// overtook: the clients' streams (and their status) end with it.
 	if outcome == OutcomeError {
-		c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: errText, Error: true, Continuation: t.row.Continuation}))
+		c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: errText, Error: true, Continuation: t.row.Continuation}), replaying...)
 	}
 	c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Done: true, Outcome: outcome,
-		MessageIDs: t.row.MessageIDs, Continuation: t.row.Continuation}))
+		MessageIDs: t.row.MessageIDs, Continuation: t.row.Continuation}), replaying...)
 	c.rt.Diag().Publish(diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
 	return res
 }
