@@ -668,6 +668,13 @@ func (w *recWS) close() {
 // terminal waits for a terminal frame of run and returns the run's frames.
 func (w *recWS) terminal(runID string) []agenttool.Frame {
 	w.t.Helper()
+	return w.until(runID, recIsTerminal)
+}
+
+// until waits until the last frame of run has a kind that done accepts and
+// returns the run's frames.
+func (w *recWS) until(runID string, done func(kind string) bool) []agenttool.Frame {
+	w.t.Helper()
 	ctx := recCtx(w.t)
 	for {
 		w.mu.Lock()
@@ -679,7 +686,7 @@ func (w *recWS) terminal(runID string) []agenttool.Frame {
 		}
 		ch := w.changed
 		w.mu.Unlock()
-		if n := len(fs); n > 0 && recIsTerminal(fs[n-1].Event.Kind) {
+		if n := len(fs); n > 0 && done(fs[n-1].Event.Kind) {
 			return fs
 		}
 		select {
@@ -944,7 +951,9 @@ func TestRecoverNoProgressThenRepair(t *testing.T) {
 	if n := e2.ev.count("recovery:reattach", "s1"); n != 2 {
 		t.Fatalf("%d reattach events, want 2 (recovery, re-dispatch)", n)
 	}
-	fs = w.terminal("s1")
+	// The interrupted frame is terminal too: wait for the repair's end, which
+	// the re-dispatch broadcast before it returned but may not have arrived.
+	fs = w.until("s1", func(kind string) bool { return kind == "finished" })
 	// One timeline across the give-up and the repair: nothing sent twice.
 	recTimelineOpts(t, fs, true)
 	if last := fs[len(fs)-1]; last.Event.Kind != "finished" {

@@ -297,12 +297,11 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	signals := h.newSignalDispatcher(row)
 	defer signals.close()
 	var idleC, windowC <-chan time.Time
+	// The no-progress timer is armed once the chunks stored so far were
+	// forwarded (FollowStream sends them before it returns): forwarding
+	// that backlog is not progress, and must not reset a running budget.
+	var idleMu sync.Mutex
 	var idle clockwork.Timer
-	if lim.noProgress > 0 {
-		idle = h.rt.Clock().NewTimer(lim.noProgress)
-		defer idle.Stop()
-		idleC = idle.Chan()
-	}
 	if lim.maxWindow > 0 {
 		window := h.rt.Clock().NewTimer(lim.maxWindow)
 		defer window.Stop()
@@ -315,9 +314,11 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		after = row.marks[n-1] - 1
 	}
 	stop, err := cb.FollowStream(context.WithoutCancel(runCtx), cr.streamID, after, func(seq int, body string) {
+		idleMu.Lock()
 		if idle != nil {
 			idle.Reset(lim.noProgress)
 		}
+		idleMu.Unlock()
 		next = seq + 1
 		h.broadcast(row.ParentToolCallID, eventSeq(seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: body})
 		signals.offer(body)
@@ -327,6 +328,13 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 			return Result{}, agent.ErrClosed // the run resumes with the process
 		}
 		return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
+	}
+	if lim.noProgress > 0 {
+		idleMu.Lock()
+		idle = h.rt.Clock().NewTimer(lim.noProgress)
+		idleMu.Unlock()
+		defer idle.Stop()
+		idleC = idle.Chan()
 	}
 	ch, _ := hostOf(child)
 	var gaveUp Reason
