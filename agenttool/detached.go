@@ -227,11 +227,15 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 			"callback": callback, "error": cbErr.Error()})
 		return fmt.Errorf("agenttool: deliver %s of %s: %w", s, row.RunID, cbErr)
 	}
-	return h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET `+string(s)+`_delivered_at = ? WHERE instance_id = ? AND run_id = ?`,
 			h.rt.Clock().Now().UnixMilli(), h.iid, row.RunID)
 		return err
 	})
+	if err == nil {
+		h.publish("detached:delivered", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status)})
+	}
+	return err
 }
 
 func (h *host) callOnFinish(ctx context.Context, name string, run Run, res Result) (err error) {
@@ -411,12 +415,18 @@ func (h *host) giveUp(ctx context.Context, row runRow, ch *host, reason Reason) 
 	}
 }
 
+// markFinishDelivered records the finish slot delivered without a call: the
+// aborted end of a run whose give-up was its delivery.
 func (h *host) markFinishDelivered(ctx context.Context, runID string) error {
-	return h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET finish_delivered_at = COALESCE(finish_delivered_at, ?) WHERE instance_id = ? AND run_id = ?`,
 			h.rt.Clock().Now().UnixMilli(), h.iid, runID)
 		return err
 	})
+	if err == nil {
+		h.publish("detached:delivered", map[string]any{"runId": runID, "kind": string(slotFinish), "status": string(StatusAborted), "suppressed": true})
+	}
+	return err
 }
 
 // resumeDetached re-arms the reconcile when detached runs still await

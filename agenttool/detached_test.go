@@ -400,6 +400,15 @@ func detAttr(key, val string) func(diag.Event) bool {
 	return func(e diag.Event) bool { return fmt.Sprint(e.Attrs[key]) == val }
 }
 
+// detDelivered waits until the delivery slot kind ("finish", "give_up") of
+// run is recorded delivered.
+func detDelivered(t *testing.T, ctx context.Context, d *detDiag, runID, kind string) {
+	t.Helper()
+	d.wait(t, ctx, kind+" delivery of "+runID, diag.ChannelAgentTool, "detached:delivered", func(e diag.Event) bool {
+		return fmt.Sprint(e.Attrs["runId"]) == runID && fmt.Sprint(e.Attrs["kind"]) == kind
+	})
+}
+
 const detReconcile = "@agenttool/reconcile"
 
 // detFired holds the ids of one-shot schedules that fired: the scheduler
@@ -783,6 +792,9 @@ func TestDetachedConcurrentDelivery(t *testing.T) {
 	detTickNext(t, ctx, k, d, p)
 	close(release)
 	k.waitCall(t, ctx, "done")
+	// OnDone has returned once the delivery is recorded; a tick before
+	// that still sees the run outstanding and arms the next one.
+	detDelivered(t, ctx, d, "c1", "finish")
 	// The next tick delivers nothing and the backbone goes quiet.
 	detOneReconcile(t, k, p, 15*time.Second, 1)
 	detTickNext(t, ctx, k, d, p)
