@@ -119,7 +119,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 				Error: interruptedMessage(ReasonInspectFailed)}, 0)
 		case insp != nil && insp.Status != childRunning:
 			// Finished while the parent was away: collect it.
-			h.recoveredRow(ctx, row, start, resultFromInspection(*insp), ch.streamNext(ctx, row.RunID))
+			h.recoveredRow(ctx, row, start, resultFromInspection(*insp), h.forwardStored(ctx, row, ch))
 		case insp == nil:
 			// The parent died before the child recorded the run: there is
 			// no input to start it with. A re-dispatch of the same run id
@@ -180,7 +180,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			var err error
 			if lim.collectOnly {
 				res, err = h.finish(ctx, p.row, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
-					Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, p.ch.streamNext(ctx, p.row.RunID))
+					Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, h.forwardStored(ctx, p.row, p.ch))
 			} else {
 				res, err = h.await(ctx, p.row, p.child, p.cr, lim)
 			}
@@ -251,4 +251,35 @@ func (h *host) inspectForRecovery(ctx context.Context, row runRow, timeout time.
 		return nil, nil, nil, err
 	}
 	return a.child, a.ch, a.insp, nil
+}
+
+// forwardStored sends the parent's clients the chunks of a run's child
+// stream after the run's last terminal mark, as a re-attach does, and
+// returns the sequence after the last one. A run collected without being
+// followed has no forwarder: a client whose connect replay read the run
+// while it was still streaming would otherwise miss the rest of it (the
+// replay marks drop what it already has).
+func (h *host) forwardStored(ctx context.Context, row runRow, ch *host) int {
+	insp, err := ch.inspectChild(ctx, row.RunID)
+	if err != nil || insp == nil || insp.RequestID == "" {
+		return 0
+	}
+	cb, ok := chatOf(ch.a)
+	if !ok {
+		return 0
+	}
+	chunks, err := cb.StreamChunks(ctx, insp.RequestID, -1)
+	if err != nil || len(chunks) == 0 {
+		return 0
+	}
+	after := -1
+	if n := len(row.marks); n > 0 {
+		after = row.marks[n-1] - 1
+	}
+	for _, c := range chunks {
+		if c.Seq > after {
+			h.broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
+		}
+	}
+	return chunks[len(chunks)-1].Seq + 1
 }
