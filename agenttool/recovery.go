@@ -171,6 +171,15 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		}()
 	}
 	for _, p := range reattach {
+		if p.row.Status == StatusStarting {
+			// The dispatch died after starting the child but before
+			// recording it running: the child has its turn now.
+			if err := h.markRunning(ctx, p.row.RunID); err != nil {
+				h.b.Logger().Error("agenttool: recover run", "run", p.row.RunID, "err", err)
+			} else {
+				p.row.Status = StatusRunning
+			}
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
