@@ -468,6 +468,14 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	c.mu.Lock()
 	t.chunks = chunks
 	t.started = len(chunks) > 0
+	// A follower that joined while the turn was active but not yet
+	// recovered has nothing yet: it gets the stored stream now (each
+	// follower skips what it already has).
+	for f := range c.follow[t.row.ID] {
+		for _, sc := range chunks {
+			f.fn(sc.Seq, sc.Body)
+		}
+	}
 	c.mu.Unlock()
 	if len(chunks) > 0 {
 		t.builder = b
