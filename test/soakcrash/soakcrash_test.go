@@ -617,7 +617,7 @@ func TestSoak(t *testing.T) {
 		c.ws.Close()
 		<-c.gone
 	}
-	transcripts := map[string]string{} // parent/run → the child's final assistant text
+	transcripts := map[string]childAnswer{} // parent/run → the child's final assistant message
 	for parent, runs := range registry {
 		for _, r := range runs {
 			transcripts[parent+"/"+r.RunID] = childText(t, proc.Host, parent, r.RunID)
@@ -661,7 +661,7 @@ func TestSoak(t *testing.T) {
 		for _, r := range registry[parent] {
 			total++
 			id := parent + "/" + r.RunID
-			want := transcripts[id]
+			want, answer := transcripts[id].rendered, transcripts[id].answer
 			tabRun, freshRun := tb.st.runs[r.RunID], fresh[parent].runs[r.RunID]
 			tabText, freshText, tabStatus, freshStatus := "", "", "missing", "missing"
 			if tabRun != nil {
@@ -694,9 +694,9 @@ func TestSoak(t *testing.T) {
 				examples = append(examples, fmt.Sprintf("%s: a fresh replay shows\n      %q\n    the child answered\n      %q", id, freshText, want))
 			}
 			for n := 1; n <= steps; n++ {
-				if c := strings.Count(want, fmt.Sprintf("Step %d of ", n)); c != 1 {
+				if c := strings.Count(answer, fmt.Sprintf("Step %d of ", n)); c != 1 {
 					dupSteps++
-					examples = append(examples, fmt.Sprintf("%s: step %d's text appears %d times in the child's answer %q", id, n, c, want))
+					examples = append(examples, fmt.Sprintf("%s: step %d's text appears %d times in the child's answer %q", id, n, c, answer))
 				}
 			}
 		}
@@ -757,18 +757,30 @@ func indexOf(tabs []*tab, parent string) int {
 	return -1
 }
 
+// childAnswer is a child's last assistant message as text: rendered is the
+// text of every text part (what a client shows, what a restart cut short
+// included), answer the message's text (chat.MessageText: without what a
+// restart cut short).
+type childAnswer struct{ rendered, answer string }
+
 // childText reads the child's transcript through the parent's drill-in
 // route and returns its last assistant message's text.
-func childText(t *testing.T, host, parent, runID string) string {
+func childText(t *testing.T, host, parent, runID string) childAnswer {
 	t.Helper()
 	var msgs []message.Message
 	testenv.GetJSON(t, "http://"+host+"/agents/parent/"+parent+"/sub/worker/"+url.PathEscape(runID)+"/get-messages", &msgs)
 	for i := len(msgs) - 1; i >= 0; i-- {
 		if msgs[i].Role == message.RoleAssistant {
-			return chat.MessageText(msgs[i])
+			var b strings.Builder
+			for _, p := range msgs[i].Parts {
+				if p.Type == message.PartText {
+					b.WriteString(p.Text)
+				}
+			}
+			return childAnswer{rendered: b.String(), answer: chat.MessageText(msgs[i])}
 		}
 	}
-	return ""
+	return childAnswer{}
 }
 
 // childPath is the storage path of a run's child, as the server logs it.
