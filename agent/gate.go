@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 )
 
@@ -31,6 +32,26 @@ type hold struct {
 	prev *hold
 	// held is false while the hold's code waits at an await point.
 	held atomic.Bool
+
+	mu   sync.Mutex
+	pins []*instance // instances Get returned to this input: released with it
+}
+
+// pin keeps other in memory until the hold's input ends.
+func (h *hold) pin(other *instance) {
+	h.mu.Lock()
+	h.pins = append(h.pins, other)
+	h.mu.Unlock()
+}
+
+func (h *hold) unpin() {
+	h.mu.Lock()
+	pins := h.pins
+	h.pins = nil
+	h.mu.Unlock()
+	for _, in := range pins {
+		in.release()
+	}
 }
 
 type holdKey struct{}
@@ -78,6 +99,7 @@ func (in *instance) enterFor(wait, ctx context.Context) (context.Context, func()
 		}
 		h.held.Store(false)
 		<-in.gate
+		h.unpin()
 	}, nil
 }
 

@@ -270,14 +270,33 @@ var ErrClosed = errors.New("agent: runtime closed")
 var ErrDestroyed = errors.New("agent: instance destroyed")
 
 // Get returns the instance at path, creating it on first use and hydrating
-// it (state loaded, OnStart run) if it is not in memory.
+// it (state loaded, OnStart run) if it is not in memory. Called from an
+// input of another instance (ctx holds its gate), the instance stays pinned
+// in memory until that input ends; otherwise it may be evicted once idle,
+// and code that keeps using it should pin it with Acquire.
 func (rt *Runtime) Get(ctx context.Context, path Path) (Agent, error) {
 	in, err := rt.acquire(ctx, path)
 	if err != nil {
 		return nil, err
 	}
-	defer in.release()
+	if h := holdOf(ctx); h != nil && h.held.Load() {
+		h.pin(in)
+	} else {
+		in.release()
+	}
 	return in.agent, nil
+}
+
+// Acquire returns the instance at path like Get, pinned: it is neither
+// evicted nor hydrated a second time until release is called (release is
+// idempotent).
+func (rt *Runtime) Acquire(ctx context.Context, path Path) (a Agent, release func(), err error) {
+	in, err := rt.acquire(ctx, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	var once sync.Once
+	return in.agent, func() { once.Do(in.release) }, nil
 }
 
 // Exists reports whether an instance at path has ever been created and not

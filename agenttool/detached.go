@@ -156,10 +156,11 @@ func (h *host) follow(row runRow) {
 	h.rt.Go(func(ctx context.Context) {
 		defer release()
 		ctx = agent.WithAgent(ctx, h.a)
-		child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
+		child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 		if err != nil {
 			return
 		}
+		defer releaseChild()
 		ch, err := hostOf(child)
 		if err != nil {
 			return

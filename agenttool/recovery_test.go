@@ -697,6 +697,41 @@ func (w *recWS) until(runID string, done func(kind string) bool) []agenttool.Fra
 	}
 }
 
+// chunks returns how many chunks of run (distinct sequences, replayed or
+// live) the client has.
+func (w *recWS) chunks(runID string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seen := map[int64]bool{}
+	for _, f := range w.frames {
+		if f.Event.RunID == runID && f.Event.Kind == "chunk" {
+			seen[f.Sequence] = true
+		}
+	}
+	return len(seen)
+}
+
+// moreChunks waits until the client has more than n chunks of run: with n
+// the number the child has committed, the parent has forwarded (and so
+// seen) a chunk streamed after them.
+func (w *recWS) moreChunks(runID string, n int) {
+	w.t.Helper()
+	ctx := recCtx(w.t)
+	for {
+		w.mu.Lock()
+		ch := w.changed
+		w.mu.Unlock()
+		if w.chunks(runID) > n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			w.t.Fatalf("timed out waiting for a chunk of %s after %d", runID, n)
+		}
+	}
+}
+
 // recTimeline checks one client's frames of a run: started once and first,
 // sequences strictly increasing (none reused), one terminal frame, last.
 // It returns the text the chunks rebuild.
@@ -836,28 +871,27 @@ func TestRecoverReattachesRunningChild(t *testing.T) {
 		p2 := e2.parent(t, "RecParent", "p")
 		recCheckReattached(t, e2, k, p2, fs)
 	})
-	t.Run("evict-parent", func(t *testing.T) {
+	t.Run("parent-pinned", func(t *testing.T) {
+		// A parent that awaits a run is pinned: an idle sweep or an
+		// eviction leaves it in memory, so its await never loses its
+		// instance (and it is never hydrated a second time).
 		k := newRecKit()
 		e := recStart(t, k, "")
 		p := e.parent(t, "RecParent", "p")
 		run := recDispatch(p, "RecChild", "r1", "follow me")
 		recStep(t, k.mclock, 4)
-		// The parent goes out of memory; its child keeps running here.
 		path := agent.BaseOf(p).Path()
-		if !e.RT.Evict(path) {
-			t.Fatal("could not evict the parent")
+		e.clock.Advance(time.Hour) // far past the idle timeout
+		if e.RT.Evict(path) || e.RT.EvictIdle() != 0 || !e.RT.Resident(path) {
+			t.Fatal("the parent awaiting a run was evicted")
 		}
-		w := recDial(t, e, "RecParent", "p") // rehydrates it
-		e.ev.wait(t, "recovery:reattach", "r1")
 		stop := recPump(k.mclock)
 		defer stop()
-		fs := w.terminal("r1")
-		p2 := e.parent(t, "RecParent", "p")
-		recCheckReattached(t, e, k, p2, fs)
-		// The dispatch that was waiting before the eviction gets the same
-		// result.
 		if o := recResult(t, run); o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != recText {
-			t.Fatalf("original dispatch: %+v %v", o.res, o.err)
+			t.Fatalf("dispatch: %+v %v", o.res, o.err)
+		}
+		if a, ok := e.RT.Lookup(path); !ok || a != p {
+			t.Fatal("the parent was hydrated a second time")
 		}
 	})
 }
@@ -972,20 +1006,43 @@ func TestRecoverNoProgressThenRepair(t *testing.T) {
 
 func TestRecoverNoProgressResetByChunks(t *testing.T) {
 	k := newRecKit()
-	e := recStart(t, k, "")
-	p := e.parent(t, "RecParent", "p")
+	e1 := recStart(t, k, "")
+	p := e1.parent(t, "RecParent", "p")
 	run := recDispatch(p, "RecChild", "r1", "slow")
 	recStep(t, k.mclock, 2)
-	if !e.RT.Evict(agent.BaseOf(p).Path()) {
-		t.Fatal("could not evict the parent")
-	}
+	recCrash(t, e1, run)
+
+	e := recStart(t, k, e1.Dir)
+	recHold(t, k.mclock) // the child resumed its turn and waits on its model
+	w := recDial(t, e, "RecParent", "p") // hydrates the parent
 	p = e.parent(t, "RecParent", "p")
 	e.ev.wait(t, "recovery:reattach", "r1")
 	budget := agenttool.DefaultReattachNoProgressTimeout
 	e.recBudget(t, 1, budget*3/4)
-	recStep(t, k.mclock, 1) // a chunk: the budget starts again
+	// A chunk (seen by the parent once a client has it): the budget
+	// starts again.
+	committed := func() int {
+		child := recChildAgent(t, e, p, "RecChild", "r1")
+		cb, _ := agent.LayerOf[*chat.Base](child)
+		insp, err := agenttool.InspectAgentToolRun(recCtx(t), p, "r1")
+		if err != nil || insp == nil {
+			t.Fatal(err)
+		}
+		chunks, err := cb.StreamChunks(recCtx(t), insp.RequestID, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(chunks)
+	}
+	n := committed()
+	w.moreChunks("r1", n-1) // the client has every chunk so far
+	recStep(t, k.mclock, 1)
+	w.moreChunks("r1", n)
 	e.recBudget(t, 1, budget*3/4)
+	n = committed()
+	w.moreChunks("r1", n-1)
 	recStep(t, k.mclock, 1) // another one, past the first budget's end
+	w.moreChunks("r1", n)
 	if r := recRun(t, p, "r1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("given up while the child streams: %+v", r)
 	}
@@ -996,12 +1053,12 @@ func TestRecoverNoProgressResetByChunks(t *testing.T) {
 		t.Fatalf("recovery:row %v", ev.Attrs)
 	}
 	recCheckInterrupted(t, recRun(t, p, "r1"), agenttool.ReasonNoProgress, msgNoProgress, recPtr(true))
-	// Let everything finish: the original dispatch (which never stopped
-	// waiting in this process) repairs the run.
+	// A dispatch of the same run id follows the child, which never
+	// stopped, to its end and repairs the run.
 	stop := recPump(k.mclock)
 	defer stop()
-	if o := recResult(t, run); o.err != nil || o.res.Status != agenttool.StatusCompleted {
-		t.Fatalf("original dispatch %+v %v", o.res, o.err)
+	if o := recResult(t, recDispatch(p, "RecChild", "r1", "slow")); o.err != nil || o.res.Status != agenttool.StatusCompleted {
+		t.Fatalf("repairing dispatch %+v %v", o.res, o.err)
 	}
 }
 

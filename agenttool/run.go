@@ -50,6 +50,9 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 }
 
 func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts RunOptions) (Result, error) {
+	// The parent is pinned while it dispatches and awaits the run.
+	release := h.b.KeepAlive()
+	defer release()
 	if !h.rt.HasClass(class) {
 		return Result{}, fmt.Errorf("agenttool: %w %q", agent.ErrUnknownClass, class)
 	}
@@ -145,10 +148,11 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		// The run must not inherit the turn's cancellation.
 		ctx = agent.WithAgent(context.WithoutCancel(ctx), parent)
 	}
-	child, err := h.rt.Get(ctx, h.b.Path().Child(class, runID))
+	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(class, runID))
 	if err != nil {
 		return h.dispatchFailed(ctx, row, "start child: "+err.Error())
 	}
+	defer releaseChild()
 	ch, err := hostOf(child)
 	if err != nil {
 		return Result{}, err
@@ -215,6 +219,15 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 		return row.Result(), nil
 	}
 	if detached || row.det.Detached {
+		if row.Status == StatusStarting {
+			// The first dispatch died between recording the run and
+			// starting its child: start it now, with this dispatch's
+			// input (starting is idempotent).
+			if err := h.startRecordedChild(ctx, row, input); err != nil {
+				return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
+			}
+			row.Status = StatusRunning
+		}
 		if err := h.armReconcile(ctx, false); err != nil {
 			return Result{}, fmt.Errorf("agenttool: arm reconcile: %w", err)
 		}
@@ -229,10 +242,11 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	if busy {
 		return h.waitLive(ctx, other, row.RunID)
 	}
-	child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
+	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 	if err != nil {
 		return Result{}, fmt.Errorf("agenttool: child of %s: %w", row.RunID, err)
 	}
+	defer releaseChild()
 	ch, err := hostOf(child)
 	if err != nil {
 		return Result{}, err
@@ -264,6 +278,24 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	}
 	h.publish("recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
 	return h.await(ctx, row, child, cr, h.reattachLimits())
+}
+
+// startRecordedChild starts the child of a run recorded as starting whose
+// child has no record of it, and marks the run running.
+func (h *host) startRecordedChild(ctx context.Context, row runRow, input json.RawMessage) error {
+	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, row.RunID))
+	if err != nil {
+		return fmt.Errorf("start child: %w", err)
+	}
+	defer releaseChild()
+	ch, err := hostOf(child)
+	if err != nil {
+		return err
+	}
+	if _, err := ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}); err != nil {
+		return err
+	}
+	return h.markRunning(ctx, row.RunID)
 }
 
 // await follows a started child run to its end: it forwards the child's
