@@ -91,7 +91,9 @@ func TestParentAnswersWhileAwaiting(t *testing.T) {
 	}
 	stop := pump(fake)
 	defer stop()
-	w.waitRaw(ctx, "the research answer", func(s string) bool { return strings.Contains(s, `"id":"research"`) && strings.Contains(s, `"done":true`) })
+	w.waitRaw(ctx, "the research answer", func(s string) bool {
+		return strings.Contains(s, `"id":"research"`) && strings.Contains(s, `"done":true`)
+	})
 	if r, _ := answer("research"); !strings.HasPrefix(string(r.Result), `"completed: Findings`) {
 		t.Fatalf("research = %s", r.Result)
 	}

@@ -1013,7 +1013,7 @@ func TestRecoverNoProgressResetByChunks(t *testing.T) {
 	recCrash(t, e1, run)
 
 	e := recStart(t, k, e1.Dir)
-	recHold(t, k.mclock) // the child resumed its turn and waits on its model
+	recHold(t, k.mclock)                 // the child resumed its turn and waits on its model
 	w := recDial(t, e, "RecParent", "p") // hydrates the parent
 	p = e.parent(t, "RecParent", "p")
 	e.ev.wait(t, "recovery:reattach", "r1")
