@@ -1,6 +1,7 @@
-# Agentry: `make test` runs every test (Go with -race, the real npm clients
-# against the Go server, the web playground in Chromium) and checks that the
-# playground's committed bundle matches its sources. It installs the npm
+# Agentry: `make test` runs every test (Go once at full speed and once with
+# -race, the real npm clients against the Go server, the web playground in
+# Chromium) and checks that the playground's committed bundle matches its
+# sources. Some races only show at full speed, others only under -race. It installs the npm
 # packages the tests need; the browser test needs Debian's chromium.
 GO ?= go
 
@@ -9,6 +10,7 @@ GO ?= go
 test: npm
 	web/check-bundle.sh
 	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 30m ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
 
 npm:

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/store"
 )
 
 // Gated exercises the input gate: read-modify-write state, waits with and
@@ -364,4 +365,47 @@ func getGated(t *testing.T, rt *agent.Runtime, p agent.Path) *Gated {
 		t.Fatal(err)
 	}
 	return a.(*Gated)
+}
+
+// countingDB counts write transactions.
+type countingDB struct {
+	store.DB
+	mu      sync.Mutex
+	updates int
+}
+
+func (d *countingDB) Update(ctx context.Context, fn func(store.Tx) error) error {
+	d.mu.Lock()
+	d.updates++
+	d.mu.Unlock()
+	return d.DB.Update(ctx, fn)
+}
+
+// TestMigrateOncePerRuntime: a layer's schema is migrated by its first
+// instance only; concurrent first calls share the one migration, and later
+// ones cost no transaction.
+func TestMigrateOncePerRuntime(t *testing.T) {
+	e := newRuntime(t, rtOptions{})
+	db := &countingDB{DB: e.sqlite}
+	rt, err := agent.New(context.Background(), agent.Options{DB: db, IdleTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	steps := []store.Migration{{Version: 1, Statements: []string{`CREATE TABLE IF NOT EXISTS once_t (x INTEGER)`}}}
+	before := db.updates
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := rt.Migrate(context.Background(), "once", steps); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := db.updates - before; n != 1 {
+		t.Fatalf("%d write transactions for 10 migrations of one component, want 1", n)
+	}
 }

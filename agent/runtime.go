@@ -8,6 +8,12 @@
 // An agent is a Go type that embeds Base and is registered with a Runtime as
 // a Class. Hooks (OnStart, OnConnect, OnBeforeSubAgent, …) are optional
 // interfaces found by type assertion.
+//
+// An instance takes one input at a time (an RPC call, a frame, a schedule
+// callback, a framework delivery), in arrival order per connection; inputs
+// interleave only at await points (Await, Runtime.Call, and the framework's
+// own waits). An instance in use is pinned: never evicted, never hydrated
+// twice. docs/concurrency.md is the contract.
 package agent
 
 import (

@@ -2,7 +2,9 @@
 // time in order, a model/tool loop with a step limit, headless turns
 // (SaveMessages), idempotent submissions (SubmitMessages), resumable streams
 // with per-stream sequence numbers persisted in batches, crash recovery,
-// cancel and clear. It speaks the protocol of the npm chat clients
+// cancel and clear. A chunk reaches clients only after its commit (the
+// output gate), and a turn's tools and handler are inputs of the instance
+// (see agent and docs/concurrency.md). It speaks the protocol of the npm chat clients
 // (useAgentChat, WebSocketChatTransport).
 //
 // A chat agent embeds Base and is written one of two ways:

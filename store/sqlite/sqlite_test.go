@@ -233,3 +233,39 @@ func TestReadersDoNotBlockOnWriter(t *testing.T) {
 		t.Errorf("reader does not see the committed row")
 	}
 }
+
+// TestMigrateTwoProcesses: two handles on one file (as two processes that
+// start at once) migrate the same component concurrently; each step runs
+// once (its non-idempotent INSERT leaves one row per step), both succeed,
+// and the recorded version is the last step's.
+func TestMigrateTwoProcesses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "agentry.db")
+	a, b := open(t, path), open(t, path)
+	steps := []store.Migration{
+		{Version: 1, Statements: []string{
+			`CREATE TABLE IF NOT EXISTS applied (step INTEGER NOT NULL)`,
+			`INSERT INTO applied (step) VALUES (1)`}},
+		{Version: 2, Statements: []string{`INSERT INTO applied (step) VALUES (2)`}},
+	}
+	for round := range 20 {
+		comp := "race" + string(rune('a'+round))
+		steps[0].Statements[0] = `CREATE TABLE IF NOT EXISTS applied_` + comp + ` (step INTEGER NOT NULL)`
+		steps[0].Statements[1] = `INSERT INTO applied_` + comp + ` (step) VALUES (1)`
+		steps[1].Statements[0] = `INSERT INTO applied_` + comp + ` (step) VALUES (2)`
+		errs := make(chan error, 2)
+		for _, db := range []*sqlite.DB{a, b} {
+			go func() { errs <- store.Migrate(context.Background(), db, comp, steps) }()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if n := count(t, a, `SELECT COUNT(*) FROM applied_`+comp); n != 2 {
+			t.Fatalf("round %d: %d steps applied, want 2 (each once)", round, n)
+		}
+		if v := count(t, b, `SELECT version FROM schema_versions WHERE component = ?`, comp); v != 2 {
+			t.Fatalf("round %d: version %d, want 2", round, v)
+		}
+	}
+}
