@@ -293,3 +293,68 @@ func TestRecoverAbandon(t *testing.T) {
 		t.Fatalf("turn ended %d times", n)
 	}
 }
+
+// TestRecoverCollectsFinishedStream: a process killed after a turn's whole
+// stream (its finish chunk included) was committed, but before the turn's
+// end was, leaves the turn "streaming" in storage. The next runtime records
+// it as ended from its stored stream: the model is not asked again and no
+// tool runs again (finished work is never redone), and the answer is the
+// one the clients saw.
+func TestRecoverCollectsFinishedStream(t *testing.T) {
+	dir := t.TempDir()
+	m := scripted.New(
+		scripted.WithRules(
+			scripted.Rule{Name: "answer", Match: scripted.LastIsToolResult, Reply: scripted.Always(scripted.Reply{scripted.Text("It is 42.")})},
+			scripted.Rule{Name: "call", Reply: scripted.Always(scripted.Reply{scripted.ToolCall("lookup", json.RawMessage(`{}`))})},
+		))
+	var runs atomic.Int64
+	k := &kit{model: m, tools: []chat.Tool{chat.NewTool("lookup", "Looks it up.", func(ctx context.Context, in empty) (int, error) {
+		runs.Add(1)
+		return 42, nil
+	})}}
+	classes := []agent.Class{chatClass("Bot", k)}
+	r1 := newRig(t, rigOptions{dir: dir, classes: classes})
+	res, err := getChat(t, r1.rt, "Bot", "done").SaveMessages(testCtx(t), []message.Message{userMsg("what is it?")})
+	if err != nil || res.Outcome != chat.OutcomeCompleted {
+		t.Fatalf("%+v %v", res, err)
+	}
+	r1.close()
+	// Undo the end's transaction: the turn unfinished, its answer unsaved,
+	// every chunk (finish included) stored.
+	ctx := testCtx(t)
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "agentry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(ctx, func(tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE chat_streams SET status = 'streaming', outcome = NULL, finished_at = NULL WHERE id = ?`, res.ID); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM chat_messages WHERE id = ?`, res.Message.ID)
+		return err
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r2 := newRig(t, rigOptions{dir: dir, classes: classes})
+	ev := r2.turns.wait(t, "turn", "stream", res.ID)
+	if ev.Attrs["outcome"] != chat.OutcomeCompleted {
+		t.Fatalf("turn event %v", ev.Attrs)
+	}
+	rec := r2.turns.wait(t, "recover-turn", "stream", res.ID)
+	if rec.Attrs["collected"] != true {
+		t.Fatalf("recovery %v, want the finished stream collected", rec.Attrs)
+	}
+	if n, calls := runs.Load(), len(m.Calls()); n != 1 || calls != 2 {
+		t.Fatalf("tool ran %d times and the model was asked %d times, want 1 and 2 (nothing redone)", n, calls)
+	}
+	asst := onlyAssistant(t, getChat(t, r2.rt, "Bot", "done").Messages())
+	if got := chat.MessageText(asst); got != "It is 42." {
+		t.Fatalf("answer %q", got)
+	}
+	if got := streamStatus(t, dir, res.ID); got != "done" {
+		t.Fatalf("status %q", got)
+	}
+}
