@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/store"
 )
 
@@ -60,19 +61,29 @@ func CancelAgentTool(ctx context.Context, parent agent.Agent, runID, reason stri
 // streamNext returns the next sequence of a child run's stream (0 when it
 // has none).
 func (h *host) streamNext(ctx context.Context, runID string) int {
-	insp, err := h.inspectChild(ctx, runID)
-	if err != nil || insp == nil || insp.RequestID == "" {
-		return 0
-	}
-	cb, ok := chatOf(h.a)
-	if !ok {
-		return 0
-	}
-	chunks, err := cb.StreamChunks(ctx, insp.RequestID, -1)
-	if err != nil || len(chunks) == 0 {
+	chunks := h.runChunks(ctx, runID)
+	if len(chunks) == 0 {
 		return 0
 	}
 	return chunks[len(chunks)-1].Seq + 1
+}
+
+// runChunks returns the stored chunks of a child run's stream (none when
+// it has no stream or it cannot be read).
+func (h *host) runChunks(ctx context.Context, runID string) []chat.StreamChunk {
+	insp, err := h.inspectChild(ctx, runID)
+	if err != nil || insp == nil || insp.RequestID == "" {
+		return nil
+	}
+	cb, ok := chatOf(h.a)
+	if !ok {
+		return nil
+	}
+	chunks, err := cb.StreamChunks(ctx, insp.RequestID, -1)
+	if err != nil {
+		return nil
+	}
+	return chunks
 }
 
 // ClearOptions filter ClearAgentToolRuns; the zero value clears every run.

@@ -269,16 +269,8 @@ func (h *host) inspectForRecovery(ctx context.Context, row runRow, timeout time.
 // while it was still streaming would otherwise miss the rest of it (the
 // replay marks drop what it already has).
 func (h *host) forwardStored(ctx context.Context, row runRow, ch *host) int {
-	insp, err := ch.inspectChild(ctx, row.RunID)
-	if err != nil || insp == nil || insp.RequestID == "" {
-		return 0
-	}
-	cb, ok := chatOf(ch.a)
-	if !ok {
-		return 0
-	}
-	chunks, err := cb.StreamChunks(ctx, insp.RequestID, -1)
-	if err != nil || len(chunks) == 0 {
+	chunks := ch.runChunks(ctx, row.RunID)
+	if len(chunks) == 0 {
 		return 0
 	}
 	after := -1

@@ -330,6 +330,11 @@ func TestRecoverCollectsFinishedStream(t *testing.T) {
 		if _, err := tx.Exec(ctx, `UPDATE chat_streams SET status = 'streaming', outcome = NULL, finished_at = NULL WHERE id = ?`, res.ID); err != nil {
 			return err
 		}
+		// The wake flag is cleared only after a turn's end.
+		if _, err := tx.Exec(ctx, `INSERT INTO instance_wake (instance_id, reason) SELECT instance_id, 'chat' FROM chat_streams WHERE id = ?
+			ON CONFLICT (instance_id, reason) DO NOTHING`, res.ID); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, `DELETE FROM chat_messages WHERE id = ?`, res.Message.ID)
 		return err
 	})

@@ -519,7 +519,15 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	}
 	if pending := pendingCallsOf(b.Message()); stepOpen {
 		switch {
-		case custom || policy == RecoverRetry || len(pending) == 0:
+		case !custom && policy != RecoverRetry && len(pending) > 0:
+			// The loop runs the step's calls that have no result and
+			// closes the step (at least once: a call may have been
+			// running).
+		case !custom && policy != RecoverRetry && len(tools) == 0 && stepHasTools(b.Message()):
+			// The model's part of the step and every call ended; only
+			// the step's end was lost.
+			closing = append(closing, message.FinishStep())
+		default:
 			// The step does not go on: its calls that never ran get an
 			// error result, and it is marked so that the model (and the
 			// message's text) leave it out; it runs again after it.
@@ -529,8 +537,6 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 			closing = append(closing, message.Data(message.InterruptedStepName, "", json.RawMessage(`{"reason":"restart"}`), false),
 				message.FinishStep())
 		}
-		// Else the loop runs the step's calls that have no result and
-		// closes the step (at least once: a call may have been running).
 	}
 	for _, ch := range closing {
 		if err := t.write(ch); err != nil {
@@ -544,6 +550,16 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		t.hidden = len(t.builder.Message().Parts)
 	}
 	return policy, false, nil
+}
+
+// stepHasTools reports whether the message's last step has a tool call.
+func stepHasTools(m message.Message) bool {
+	for i := len(m.Parts) - 1; i >= 0 && m.Parts[i].Type != message.PartStepStart; i-- {
+		if m.Parts[i].IsTool() {
+			return true
+		}
+	}
+	return false
 }
 
 // errInterrupted is the error text of what a restart cut off.

@@ -406,3 +406,17 @@ func LastUserContains(substr string) func(*model.Request) bool {
 func Always(r Reply) func(*model.Request) Reply {
 	return func(*model.Request) Reply { return r }
 }
+
+// CountToolResults counts the tool results in the whole conversation of
+// req (every step so far), for scripted agents that act by step number.
+func CountToolResults(req *model.Request) int {
+	n := 0
+	for _, m := range req.Messages {
+		for _, c := range m.Content {
+			if c.Kind == model.ContentToolResult {
+				n++
+			}
+		}
+	}
+	return n
+}

@@ -181,20 +181,8 @@ type loggedModel struct {
 }
 
 func (l loggedModel) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.Event, error] {
-	xlog.line("model", l.child, toolResults(req))
+	xlog.line("model", l.child, scripted.CountToolResults(req))
 	return l.m.Stream(ctx, req)
-}
-
-func toolResults(req *model.Request) int {
-	n := 0
-	for _, m := range req.Messages {
-		for _, c := range m.Content {
-			if c.Kind == model.ContentToolResult {
-				n++
-			}
-		}
-	}
-	return n
 }
 
 // task is the task a Worker's request is about: the "task" of its input
@@ -232,7 +220,7 @@ func main() {
 				scripted.ToolCall("work", WorkInput{Task: round + " part b"})}
 		}), scripted.WithChunkSize(8), scripted.WithDelay(delay))
 		workerModel := scripted.New(scripted.WithDefault(func(req *model.Request) scripted.Reply {
-			n, tk := toolResults(req), task(req)
+			n, tk := scripted.CountToolResults(req), task(req)
 			if n < Steps {
 				return scripted.Reply{scripted.Text(StepText(tk, n+1)), scripted.ToolCall("step", stepInput{N: n + 1})}
 			}

@@ -84,18 +84,6 @@ func (w *Worker) Tools() []chat.Tool {
 	})}
 }
 
-func toolResults(req *model.Request) int {
-	n := 0
-	for _, m := range req.Messages {
-		for _, c := range m.Content {
-			if c.Kind == model.ContentToolResult {
-				n++
-			}
-		}
-	}
-	return n
-}
-
 func main() {
 	testenv.ServeMain(40*time.Millisecond, func(rt *agent.Runtime, delay time.Duration) error {
 		chat.Configure(rt, chat.Config{FlushInterval: 10 * time.Millisecond})
@@ -107,7 +95,7 @@ func main() {
 			return scripted.Reply{scripted.ToolCall("work", WorkInput{Task: scripted.LastUserText(req)})}
 		}), scripted.WithDelay(delay))
 		workerModel := scripted.New(scripted.WithDefault(func(req *model.Request) scripted.Reply {
-			n := toolResults(req)
+			n := scripted.CountToolResults(req)
 			if n < Steps {
 				return scripted.Reply{scripted.Text(fmt.Sprintf("Working on step %d of the task. ", n+1)),
 					scripted.ToolCall("step", stepInput{N: n + 1})}
