@@ -320,17 +320,6 @@ func (r *recorder) startCount() int {
 	return len(r.starts)
 }
 
-func waitStart(t *testing.T, ctx context.Context, r *recorder) agenttool.Run {
-	t.Helper()
-	select {
-	case run := <-r.started:
-		return run
-	case <-ctx.Done():
-		t.Fatal("timed out waiting for OnAgentToolStart")
-	}
-	return agenttool.Run{}
-}
-
 // ---------------------------------------------------------------------------
 // Holding models mid-stream on a fake clock.
 
