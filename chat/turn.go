@@ -40,6 +40,7 @@ type turn struct {
 	// Owned by the turn's goroutine.
 	builder  *message.Builder
 	hidden   int  // leading parts a retried turn's model does not see
+	kept     int  // stored chunks a recovery found (and kept)
 	finished bool // a finish chunk was written
 	errText  string
 }
@@ -345,7 +346,7 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 			return c.finishTurn(ctx, t, OutcomeError, "recovery failed: "+err.Error())
 		}
 		c.rt.Diag().Publish(diag.ChannelChat, "recover-turn", c.b.Path().String(),
-			map[string]any{"stream": t.row.ID, "policy": policy, "keptChunks": len(t.chunks), "collected": collect})
+			map[string]any{"stream": t.row.ID, "policy": policy, "keptChunks": t.kept, "collected": collect})
 		if collect {
 			// Its stream had ended before the crash: finished work is
 			// recorded, never redone.
@@ -467,6 +468,7 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	}
 	c.mu.Lock()
 	t.chunks = chunks
+	t.kept = len(chunks)
 	t.started = len(chunks) > 0
 	// A follower that joined while the turn was active but not yet
 	// recovered has nothing yet: it gets the stored stream now (each
