@@ -25,8 +25,10 @@
 //	(b) every run ended completed, and for every run the text the tab ended
 //	    with equals the text of a fresh replay (a new connection after the
 //	    end) and the text of the child's final assistant message (its
-//	    transcript, read through the parent's drill-in route); each step's
-//	    text appears once in that answer;
+//	    transcript, read through the parent's drill-in route), every text
+//	    part included: what a restart cut short is kept, marked, for those
+//	    who saw it; each step's text appears once in the answer proper
+//	    (chat.MessageText, which leaves the cut parts out);
 //	(c) no child executed anything after its turn had ended: the server logs
 //	    each model step, tool step and turn end of a Worker to exec.log in the
 //	    data folder, and no model or tool step (and no second end) of a child
@@ -43,7 +45,7 @@
 // (test/npm/reduce-frames.mjs), which must agree with the Go port.
 //
 // The test is skipped with -short. On a 2-core machine it takes about 25 s
-// (about 2 min 20 s with -race).
+// (about 1 min with -race).
 package soakcrash
 
 import (
