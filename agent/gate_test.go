@@ -330,9 +330,11 @@ func TestGateCallCycle(t *testing.T) {
 
 // TestGateAwaitPins: an instance whose call waits at an await point is not
 // evicted by an idle sweep however long it waits, and is evicted once idle.
+// (Background eviction is off; the test sweeps itself.)
 func TestGateAwaitPins(t *testing.T) {
 	k := newGateKit()
-	e := gateEnv(t, k, time.Minute)
+	// Not started: no background eviction loop races the test's sweeps.
+	e := newRuntime(t, rtOptions{idle: time.Minute, classes: []agent.Class{gatedClass("Gated", k, false)}})
 	p := agent.Root("Gated", "pin")
 	first := getGated(t, e.rt, p)
 	held := make(chan error, 1)

@@ -92,12 +92,11 @@ type Config struct {
 	Retention time.Duration
 	// FlushInterval is the output gate's batching window: a streamed
 	// chunk reaches clients only once it is committed (with the chunks
-	// around it, in one transaction), and after a commit the next one
-	// waits up to this long for more chunks unless FlushChunks are
-	// waiting. The first chunk of a quiet stream is committed at once, so
-	// the gate adds at most one window (plus a commit) of latency. Zero
-	// means 20 ms; a negative value commits as soon as the previous
-	// commit is done.
+	// around it, in one transaction), and a stream commits at most once
+	// per window unless FlushChunks chunks wait. The first chunk of a
+	// quiet stream is committed at once, so the gate adds at most one
+	// window (plus a commit) of latency. Zero means 100 ms; a negative
+	// value commits as soon as the previous commit is done.
 	FlushInterval time.Duration
 	// FlushChunks is the most chunks one transaction writes, and the
 	// batch size that ends the batching window early; zero means 64.
@@ -128,7 +127,7 @@ func configOf(rt *agent.Runtime) Config {
 	return Config{Retention: 10 * time.Minute, FlushInterval: defaultFlushInterval, FlushChunks: 64}
 }
 
-const defaultFlushInterval = 20 * time.Millisecond
+const defaultFlushInterval = 100 * time.Millisecond
 
 // TurnResult is how a turn ended.
 type TurnResult struct {

@@ -18,6 +18,7 @@ import (
 // turn is one queued or running turn and its live stream.
 type turn struct {
 	c          *core
+	gen        int // the transcript generation it belongs to (a clear ends it)
 	row        streamRow
 	origin     *agent.Conn
 	recovering bool
@@ -27,12 +28,13 @@ type turn struct {
 	// Guarded by c.mu: the stream as clients see it. chunks are the
 	// committed chunks (the output gate: only those reach clients);
 	// unflushed wait for their commit.
-	started   bool
-	chunks    []storedChunk
-	unflushed []storedChunk
-	nextSeq   int
-	flushing  bool          // a flusher goroutine is running
-	kick      chan struct{} // ends the flusher's batching window early
+	started    bool
+	chunks     []storedChunk
+	unflushed  []storedChunk
+	nextSeq    int
+	flushing   bool          // a flusher goroutine is running
+	kick       chan struct{} // ends the flusher's batching window early
+	lastCommit time.Time     // when the stream's last commit began (real time)
 
 	commitMu sync.Mutex // serializes commits of the stream, and so the order clients see
 	writeMu  sync.Mutex // serializes writes (tools run in parallel)
@@ -45,9 +47,10 @@ type turn struct {
 	errText  string
 }
 
+// newTurn returns a turn of row. c.mu held.
 func (c *core) newTurn(row streamRow, origin *agent.Conn) *turn {
 	ctx, cancel := context.WithCancelCause(agent.WithAgent(c.rt.Context(), c.self))
-	t := &turn{c: c, row: row, origin: origin, cancel: cancel, nextSeq: row.NextSeq, kick: make(chan struct{}, 1)}
+	t := &turn{c: c, row: row, origin: origin, cancel: cancel, nextSeq: row.NextSeq, kick: make(chan struct{}, 1), gen: c.gen}
 	t.ctx = context.WithValue(ctx, turnKey{}, t)
 	return t
 }
@@ -202,32 +205,46 @@ func (t *turn) send(ch message.Chunk) {
 }
 
 // flushLoop commits the waiting chunks, batch after batch, until none wait.
-// The first batch goes at once; later ones wait up to the batching window
-// for more chunks, so a fast stream writes one transaction per
-// FlushChunks chunks.
+// A batch goes at once when the stream's last commit is at least one
+// batching window old (the first chunk of a quiet stream), else when the
+// window since that commit ends or FlushChunks chunks wait: a stream
+// writes at most one transaction per window, however fast or slowly its
+// chunks come.
 func (t *turn) flushLoop(ctx context.Context) {
 	c := t.c
 	for {
-		if err := t.commit(ctx, nil); err != nil {
-			t.failStorage(err)
-		}
 		c.mu.Lock()
 		n := len(t.unflushed)
-		if n == 0 {
-			t.flushing = false
-			c.mu.Unlock()
-			return
-		}
+		last := t.lastCommit
 		c.mu.Unlock()
-		if n < c.cfg.FlushChunks && c.cfg.FlushInterval > 0 {
-			// A latency window, not a durable deadline: real time.
-			timer := time.NewTimer(c.cfg.FlushInterval)
+		if n == 0 {
+			c.mu.Lock()
+			if len(t.unflushed) == 0 {
+				t.flushing = false
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Unlock()
+			continue
+		}
+		// A latency window, not a durable deadline: real time.
+		if wait := time.Until(last.Add(c.cfg.FlushInterval)); wait > 0 && n < c.cfg.FlushChunks {
+			timer := time.NewTimer(wait)
 			select {
 			case <-timer.C:
 			case <-t.kick:
 			case <-ctx.Done():
 			}
 			timer.Stop()
+		}
+		if err := t.commit(ctx, nil); err != nil {
+			t.failStorage(err)
+			if ctx.Err() != nil {
+				c.mu.Lock()
+				t.flushing = false
+				c.mu.Unlock()
+				return
+			}
 		}
 	}
 }
@@ -266,6 +283,9 @@ func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (g
 	if len(batch) == 0 && extra == nil {
 		return false, nil
 	}
+	c.mu.Lock()
+	t.lastCommit = time.Now()
+	c.mu.Unlock()
 	err = c.rt.DB().Update(ctx, func(tx store.Tx) error {
 		ok, err := insertChunks(ctx, tx, c.iid, t.row.ID, batch)
 		if err != nil || !ok {
@@ -293,6 +313,11 @@ func (t *turn) publish(batch []storedChunk) {
 	c := t.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.gen != t.gen {
+		// Cleared after this batch committed: the clients were told to
+		// forget the transcript; nothing of it is sent after that.
+		return
+	}
 	t.chunks = append(t.chunks, batch...)
 	var targets []*agent.Conn
 	for conn := range c.admitted {
@@ -631,6 +656,19 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	// transaction: a turn is either unfinished in storage with a prefix of
 	// its stream, or finished with all of it. A cleared stream gets
 	// nothing (gone).
+	// A long backlog goes in batches first; the last one rides with the
+	// end.
+	for {
+		c.mu.Lock()
+		n := len(t.unflushed)
+		c.mu.Unlock()
+		if n <= c.cfg.FlushChunks {
+			break
+		}
+		if err := t.commit(ctx, nil); err != nil {
+			break
+		}
+	}
 	gone, err := t.commitGone(ctx, func(tx store.Tx) error {
 		if reorder {
 			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {

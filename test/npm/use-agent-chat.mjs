@@ -13,7 +13,11 @@ import { AbstractChat } from "ai";
 import WebSocket from "ws";
 
 class SimpleState {
-  constructor(messages = []) { this.status = "ready"; this.error = undefined; this.messages = messages; }
+  constructor(messages = []) {
+    this.status = "ready"; this.error = undefined; this._messages = messages; this.listeners = [];
+  }
+  get messages() { return this._messages; }
+  set messages(m) { this._messages = m; for (const l of this.listeners.splice(0)) if (!l()) this.listeners.push(l); }
   pushMessage(m) { this.messages = [...this.messages, m]; }
   popMessage() { this.messages = this.messages.slice(0, -1); }
   replaceMessage(i, m) { const c = [...this.messages]; c[i] = m; this.messages = c; }
@@ -21,7 +25,22 @@ class SimpleState {
 }
 
 export class NodeChat extends AbstractChat {
-  constructor(init) { super({ ...init, state: new SimpleState(init.messages ?? []) }); }
+  constructor(init) {
+    const state = new SimpleState(init.messages ?? []);
+    super({ ...init, state });
+    this.simpleState = state;
+  }
+
+  // whenMessages resolves once pred(messages) holds, checked now and after
+  // every change the chat makes to its messages (as a React render would
+  // see them).
+  whenMessages(pred, what, limit = 15000) {
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error("timed out waiting for " + what)), limit);
+      const check = () => { if (pred(this.messages)) { clearTimeout(timer); resolve(); return true; } return false; };
+      if (!check()) this.simpleState.listeners.push(check);
+    });
+  }
 }
 
 // The part of useAgentChat that feeds the transport's resume handshake.
