@@ -1004,7 +1004,9 @@ func TestReconcileAfterRestart(t *testing.T) {
 func TestDetachedMaxBudget(t *testing.T) {
 	k := newDetKit()
 	aborted := make(chan error, 1)
+	running := make(chan struct{}, 1)
 	k.work = func(ctx context.Context, w *detWorker, t *chat.Turn) error {
+		running <- struct{}{}
 		<-ctx.Done()
 		aborted <- context.Cause(ctx)
 		return ctx.Err()
@@ -1015,6 +1017,13 @@ func TestDetachedMaxBudget(t *testing.T) {
 	p := detParentOf(t, env, "pb")
 	ws := detDial(t, env, "det-parent/pb")
 	detDispatch(t, ctx, p, "DetWorker", "b1", agenttool.DetachedOptions{OnFinish: "OnDone", MaxBudget: 30 * time.Second})
+	// The child's turn runs (a give-up before it started would cancel it
+	// while queued, and its handler would never see the abort).
+	select {
+	case <-running:
+	case <-ctx.Done():
+		t.Fatal("the child's turn never started")
+	}
 
 	detTickNext(t, ctx, k, d, p) // 5 s
 	detTickNext(t, ctx, k, d, p) // 20 s
