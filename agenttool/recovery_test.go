@@ -1383,6 +1383,27 @@ func TestRecoverChildFramesStayAttributed(t *testing.T) {
 			}
 			child1 := recChildAgent(t, e1, p, "RecStepper", "st")
 			cb1, _ := agent.LayerOf[*chat.Base](child1)
+			// The output gate commits the streamed chunks in batches: wait
+			// for the third step's start to be committed.
+			third := make(chan struct{})
+			var once sync.Once
+			steps := 0
+			stopFollow, err := cb1.FollowStream(recCtx(t), before.RequestID, -1, func(seq int, body string) {
+				if strings.Contains(body, `"type":"start-step"`) {
+					if steps++; steps == 3 {
+						once.Do(func() { close(third) })
+					}
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-third:
+			case <-recCtx(t).Done():
+				t.Fatal("the third step was never committed")
+			}
+			stopFollow()
 			pre, err := cb1.StreamChunks(recCtx(t), before.RequestID, -1)
 			if err != nil || len(pre) == 0 {
 				t.Fatalf("chunks before the crash: %d %v", len(pre), err)
