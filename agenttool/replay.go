@@ -67,10 +67,14 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 		return sent, active
 	}
 	h.mu.Lock()
-	if len(runs) == 0 {
-		h.hasRuns = 0
-	} else {
+	switch {
+	case len(runs) > 0:
 		h.hasRuns = 1
+	case h.hasRuns == -1:
+		// None when listed; a run recorded since (hasRuns = 1) must not
+		// be forgotten, or a later connection would skip its replay and
+		// miss a started event broadcast before it was admitted.
+		h.hasRuns = 0
 	}
 	h.mu.Unlock()
 	if len(runs) == 0 {
