@@ -290,7 +290,10 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 		h.b.Logger().Error("agenttool: finalize child run", "run", cr.runID, "err", err)
 	}
 	h.mu.Lock()
-	delete(h.child, cr.runID)
+	// The ended run stays known (its done closed): a follower that read
+	// the run as running just before this end was recorded must find this
+	// watcher's end, not start a second watcher that would run the output
+	// hooks again. A child is named by its run id, so this is one entry.
 	if cr.emitter != nil && cr.emitter.timer != nil {
 		cr.emitter.timer.Stop()
 	}
