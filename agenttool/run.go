@@ -429,8 +429,14 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 			ChildStillRunning: ptr(gaveUp == ReasonNoProgress)}
 		h.publish("recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
 	}
+	// Chunks committed after the follower stopped (a give-up, a cancel)
+	// are forwarded before the end, which is numbered after them: a client
+	// never has a gap below the terminal event.
 	mark := next
 	if chunks, err := cb.StreamChunks(bg, cr.streamID, next-1); err == nil && len(chunks) > 0 {
+		for _, c := range chunks {
+			h.current().broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
+		}
 		mark = chunks[len(chunks)-1].Seq + 1
 	}
 	return h.finish(bg, row, res, mark)
