@@ -90,6 +90,11 @@ func (in *instance) enterFor(wait, ctx context.Context) (context.Context, func()
 	case <-wait.Done():
 		return ctx, nil, fmt.Errorf("agent: waiting for %s: %w", in.key, context.Cause(wait))
 	}
+	// An input pins its instance: it is not evicted while the input runs
+	// or waits at an await point.
+	in.rt.mu.Lock()
+	in.busy++
+	in.rt.mu.Unlock()
 	h := &hold{in: in, prev: holdOf(ctx)}
 	h.held.Store(true)
 	var released atomic.Bool
@@ -100,6 +105,7 @@ func (in *instance) enterFor(wait, ctx context.Context) (context.Context, func()
 		h.held.Store(false)
 		<-in.gate
 		h.unpin()
+		in.release()
 	}, nil
 }
 

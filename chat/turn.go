@@ -216,17 +216,12 @@ func (t *turn) flushLoop(ctx context.Context) {
 		c.mu.Lock()
 		n := len(t.unflushed)
 		last := t.lastCommit
-		c.mu.Unlock()
 		if n == 0 {
-			c.mu.Lock()
-			if len(t.unflushed) == 0 {
-				t.flushing = false
-				c.mu.Unlock()
-				return
-			}
+			t.flushing = false
 			c.mu.Unlock()
-			continue
+			return
 		}
+		c.mu.Unlock()
 		// A latency window, not a durable deadline: real time.
 		if wait := time.Until(last.Add(c.cfg.FlushInterval)); wait > 0 && n < c.cfg.FlushChunks {
 			timer := time.NewTimer(wait)
