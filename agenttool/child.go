@@ -136,7 +136,7 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	h.child[runID] = cr
 	h.mu.Unlock()
 	streamID, err := cb.SubmitMessages(ctx, []message.Message{msg}, chat.SubmitOptions{
-		ID: cr.streamID, IdempotencyKey: "agent-tool:" + runID, Body: body, Retain: true})
+		ID: cr.streamID, IdempotencyKey: submissionKey(runID), Body: body, Retain: true})
 	if err != nil {
 		h.mu.Lock()
 		delete(h.child, runID)
@@ -148,12 +148,8 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 		cr.streamID = streamID // an earlier submission of this run keeps its id
 		h.mu.Unlock()
 	}
-	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET request_id = ? WHERE instance_id = ? AND run_id = ?`, streamID, h.iid, runID)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("agenttool: record child turn: %w", err)
+	if err := h.recordTurnID(ctx, runID, streamID); err != nil {
+		return nil, err
 	}
 	h.watchRun(cr)
 	return cr, nil
@@ -372,8 +368,8 @@ func (h *host) resumeChildRuns(ctx context.Context) error {
 	type pending struct{ runID, streamID string }
 	var list []pending
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT run_id, request_id FROM agent_tool_child_runs
-			WHERE instance_id = ? AND completed_at IS NULL AND request_id IS NOT NULL`, h.iid)
+		rows, err := tx.Query(ctx, `SELECT run_id, COALESCE(request_id, '') FROM agent_tool_child_runs
+			WHERE instance_id = ? AND completed_at IS NULL`, h.iid)
 		if err != nil {
 			return err
 		}
@@ -390,13 +386,46 @@ func (h *host) resumeChildRuns(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agenttool: resume child runs: %w", err)
 	}
-	if len(list) > 0 {
-		if _, ok := chatOf(h.a); !ok {
-			return nil
-		}
+	if len(list) == 0 {
+		return nil
+	}
+	cb, ok := chatOf(h.a)
+	if !ok {
+		return nil
 	}
 	for _, p := range list {
+		if p.streamID == "" {
+			// Recorded, and perhaps submitted, but the turn's id was not
+			// written (a crash in between): the submission's key finds the
+			// turn. Never submitted: the parent's recovery starts it.
+			id, found, err := cb.SubmittedTurn(ctx, submissionKey(p.runID))
+			if err != nil {
+				return fmt.Errorf("agenttool: resume child runs: %w", err)
+			}
+			if !found {
+				continue
+			}
+			if err := h.recordTurnID(ctx, p.runID, id); err != nil {
+				return err
+			}
+			p.streamID = id
+		}
 		h.track(p.runID, p.streamID, false)
+	}
+	return nil
+}
+
+// submissionKey is the idempotency key of a run's child turn.
+func submissionKey(runID string) string { return "agent-tool:" + runID }
+
+// recordTurnID records the id of the child turn that executes a run.
+func (h *host) recordTurnID(ctx context.Context, runID, streamID string) error {
+	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET request_id = ? WHERE instance_id = ? AND run_id = ?`, streamID, h.iid, runID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("agenttool: record child turn: %w", err)
 	}
 	return nil
 }

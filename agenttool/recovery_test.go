@@ -777,6 +777,14 @@ func recTimelineOpts(t *testing.T, fs []agenttool.Frame, repaired bool) string {
 // without running anything again.
 
 func TestRecoverCollectsCompletedChild(t *testing.T) {
+	t.Run("recorded", func(t *testing.T) { testRecoverCollects(t, false) })
+	// The process died after the child's turn was submitted and before its
+	// id was written to the child's run row: the child finds the turn by
+	// the submission's key and still finishes the run by itself.
+	t.Run("turn id not recorded", func(t *testing.T) { testRecoverCollects(t, true) })
+}
+
+func testRecoverCollects(t *testing.T, forgetTurnID bool) {
 	k := newRecKit()
 	e1 := recStart(t, k, "")
 	p := e1.parent(t, "RecParent", "p")
@@ -790,7 +798,21 @@ func TestRecoverCollectsCompletedChild(t *testing.T) {
 	ev := &recEvents{changed: make(chan struct{})}
 	rtc := make(chan *agent.Runtime, 1)
 	started := make(chan *recEnv, 1)
-	go func() { started <- recStartWith(t, k, e1.Dir, ev, func(rt *agent.Runtime) { rtc <- rt }) }()
+	go func() {
+		started <- recStartWith(t, k, e1.Dir, ev, func(rt *agent.Runtime) {
+			if forgetTurnID {
+				ctx := recCtx(t)
+				err := rt.DB().Update(ctx, func(tx store.Tx) error {
+					_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET request_id = NULL WHERE run_id = 'r1'`)
+					return err
+				})
+				if err != nil {
+					panic(err)
+				}
+			}
+			rtc <- rt
+		})
+	}()
 	rt2 := <-rtc
 	stop := recPump(k.mclock)
 	childPath := agent.Root("RecParent", "p").Child("RecChild", "r1")

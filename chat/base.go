@@ -2,6 +2,7 @@ package chat
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -256,6 +257,23 @@ type acceptRequest struct {
 	body         json.RawMessage
 	continuation bool
 	retain       bool
+}
+
+// SubmittedTurn returns the id of the turn submitted with idempotency key,
+// and false if no submission used that key. It lets a caller that crashed
+// between SubmitMessages and recording the returned id find the turn again.
+func (b *Base) SubmittedTurn(ctx context.Context, key string) (string, bool, error) {
+	var id string
+	err := b.c.rt.DB().View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, b.c.iid, key).Scan(&id)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("chat: look up submission: %w", err)
+	}
+	return id, true, nil
 }
 
 // accept persists the new transcript and a queued turn in one transaction,
