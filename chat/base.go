@@ -494,11 +494,14 @@ func (b *Base) FollowStream(ctx context.Context, id string, afterSeq int, fn fun
 			fn(seq, body)
 		}
 	}
-	if t := c.active; t != nil && t.row.ID == id {
+	if t := c.active; t != nil && t.row.ID == id && (t.loaded || !t.recovering) {
 		for _, sc := range t.chunks {
 			deliver(sc.Seq, sc.Body)
 		}
 	} else {
+		// Not active, or a recovering turn that has not read its stored
+		// stream yet: the stored chunks are the stream so far (its
+		// recovery delivers them again; deliver skips what was seen).
 		var chunks []storedChunk
 		err := c.rt.DB().View(ctx, func(tx store.Tx) error {
 			var err error

@@ -29,6 +29,7 @@ type turn struct {
 	// committed chunks (the output gate: only those reach clients);
 	// unflushed wait for their commit.
 	started    bool
+	loaded     bool // chunks hold the stored stream (a recovering turn: once prepareRecovery read it)
 	chunks     []storedChunk
 	unflushed  []storedChunk
 	nextSeq    int
@@ -488,6 +489,7 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	}
 	c.mu.Lock()
 	t.chunks = chunks
+	t.loaded = true
 	t.kept = len(chunks)
 	t.started = len(chunks) > 0
 	// A follower that joined while the turn was active but not yet
