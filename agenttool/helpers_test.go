@@ -122,7 +122,7 @@ type extraction struct {
 }
 
 func (e *extractor) OnStart(ctx context.Context) error {
-	return e.Update(ctx, func(s *agent.SQL) error {
+	return e.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`CREATE TABLE IF NOT EXISTS {extraction_runs} (id TEXT PRIMARY KEY, result_json TEXT NOT NULL)`)
 		return err
 	})
@@ -139,7 +139,7 @@ func (e *extractor) Tools() []chat.Tool {
 		func(ctx context.Context, in saveInput) (string, error) {
 			data, _ := json.Marshal(extraction{Entities: in.Entities, Count: len(in.Entities)})
 			// The child instance is named by the run id.
-			err := e.Update(ctx, func(s *agent.SQL) error {
+			err := e.Storage().Update(ctx, func(s *agent.SQL) error {
 				_, err := s.Exec(`INSERT INTO {extraction_runs} (id, result_json) VALUES (?, ?)`, e.Name(), string(data))
 				return err
 			})
@@ -149,7 +149,7 @@ func (e *extractor) Tools() []chat.Tool {
 
 func (e *extractor) AgentToolOutput(ctx context.Context, runID string) (any, error) {
 	var raw string
-	err := e.View(ctx, func(s *agent.SQL) error {
+	err := e.Storage().View(ctx, func(s *agent.SQL) error {
 		return s.QueryRow(`SELECT result_json FROM {extraction_runs} WHERE id = ?`, runID).Scan(&raw)
 	})
 	if err != nil {

@@ -131,7 +131,7 @@ func TestWorkflowChildOutput(t *testing.T) {
 		t.Fatalf("the workflow child wrote text %q", txt)
 	}
 	// The application forgets its row: the run keeps its output.
-	if err := child.Update(ctx, func(s *agent.SQL) error {
+	if err := child.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`DELETE FROM {extraction_runs}`)
 		return err
 	}); err != nil {
