@@ -41,6 +41,7 @@ func testCtx(t *testing.T) context.Context {
 // Test agents. One kit per test configures every class of its runtime.
 
 type kit struct {
+	logs testenv.Logs // the runtime's log
 	// Parent ("Assistant").
 	parentModel model.Model
 	parentTools []chat.Tool
@@ -221,13 +222,14 @@ func startKit(t *testing.T, k *kit, opts agenttool.Options) *testenv.Env {
 	t.Helper()
 	return testenv.Start(t, testenv.Options{
 		Classes: []agent.Class{
-			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }},
+			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
 			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
 			{Name: "Extractor", New: func() agent.Agent { return &extractor{k: k} }},
 			{Name: "Summarizer", New: func() agent.Agent { return &summarizer{k: k} }},
 			{Name: "Middle", New: func() agent.Agent { return &middle{k: k} }},
-			{Name: "Plain", New: func() agent.Agent { return &plain{} }},
+			{Name: "Plain", New: func() agent.Agent { return &plain{} }, Public: true},
 		},
+		Logger: k.logs.Logger(),
 		Setup: func(rt *agent.Runtime) error {
 			chat.Configure(rt, chat.Config{})
 			agenttool.Install(rt, opts)

@@ -187,12 +187,13 @@ func TestIdempotentRunID(t *testing.T) {
 	}
 }
 
-// failingResearcher fails the stream of queries containing "fail".
+// failingResearcher fails the stream of queries containing "fail", with the
+// query as a public error text.
 func failingResearcher() model.Model {
 	return echoResearcher(scripted.WithRules(scripted.Rule{Match: scripted.LastUserContains("fail"), Reply: func(req *model.Request) scripted.Reply {
 		var in researchInput
 		_ = json.Unmarshal([]byte(scripted.LastUserText(req)), &in)
-		return scripted.Reply{scripted.Text("working"), scripted.Fail(errors.New(in.Query))}
+		return scripted.Reply{scripted.Text("working"), scripted.Fail(agent.Publicf("%s", in.Query))}
 	}}))
 }
 

@@ -44,7 +44,7 @@ func Class(o Options) agent.Class {
 	}
 	m := Model(o)
 	return agent.Class{
-		Name: "EchoChat",
+		Name:   "EchoChat",
 		New:    func() agent.Agent { return &EchoChat{model: m, clock: o.Clock} },
 		Public: true,
 	}

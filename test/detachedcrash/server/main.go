@@ -142,7 +142,7 @@ func main() {
 		parentModel := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("Thanks, noted.")})))
 		childModel := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text(answer)})), scripted.WithDelay(delay))
 		for _, c := range []agent.Class{
-			{Name: "CrashParent", New: func() agent.Agent { return &CrashParent{model: parentModel} }, Callable: []string{"dispatch", "finishLog", "runs"}},
+			{Name: "CrashParent", New: func() agent.Agent { return &CrashParent{model: parentModel} }, Callable: []string{"dispatch", "finishLog", "runs"}, Public: true},
 			{Name: "SlowChild", New: func() agent.Agent { return &SlowChild{model: childModel} }},
 		} {
 			if err := rt.Register(c); err != nil {

@@ -103,7 +103,7 @@ func main() {
 			return scripted.Reply{scripted.Text("All six steps are done; the task is complete.")}
 		}), scripted.WithChunkSize(8), scripted.WithDelay(delay))
 		for _, c := range []agent.Class{
-			{Name: "Boss", New: func() agent.Agent { return &Boss{model: bossModel} }, Callable: []string{"dispatch", "run"}},
+			{Name: "Boss", New: func() agent.Agent { return &Boss{model: bossModel} }, Callable: []string{"dispatch", "run"}, Public: true},
 			{Name: "Worker", New: func() agent.Agent { return &Worker{model: workerModel} }},
 		} {
 			if err := rt.Register(c); err != nil {
