@@ -2,10 +2,16 @@ package agent_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/store/sqlite"
 )
 
 // Shadow declares its own methods named like framework ones: Destroy
@@ -62,5 +68,48 @@ func TestRegisterRefusesFrameworkMethods(t *testing.T) {
 	// and an agent may declare them as its own callables.
 	if err := e.rt.Register(agent.Class{Name: "Shadow", New: func() agent.Agent { return &Shadow{} }, Callable: []string{"put", "keys"}}); err != nil {
 		t.Errorf("own put/keys refused: %v", err)
+	}
+}
+
+// ClientMessage shows public errors (anywhere in the chain), argument
+// errors, hook refusals and timeouts; anything else is an internal error id
+// with the error logged under it.
+func TestClientMessage(t *testing.T) {
+	ctx := context.Background()
+	var logs testenv.Logs
+	sdb, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sdb.Close()
+	rt, err := agent.New(ctx, agent.Options{DB: sdb, Logger: logs.Logger(), IdleTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	public := agent.Publicf("no room %q", "r1")
+	for err, want := range map[error]string{
+		public:                              `no room "r1"`,
+		fmt.Errorf("db: %w", public):        `no room "r1"`,
+		agent.Publicf("lookup: %w", io.EOF): "lookup: EOF",
+		&agent.ArgumentError{Method: "M", Err: io.EOF}:           "invalid argument 0 for M: EOF",
+		&agent.HTTPError{Status: 403, Message: "forbidden here"}: "forbidden here",
+		fmt.Errorf("query: %w", context.DeadlineExceeded):        "timed out",
+	} {
+		if got := rt.ClientMessage(err); got != want {
+			t.Errorf("ClientMessage(%v) = %q, want %q", err, got, want)
+		}
+	}
+	if !errors.Is(agent.Publicf("lookup: %w", io.EOF), io.EOF) {
+		t.Error("Publicf does not wrap %w")
+	}
+	if rt.ClientMessage(nil) != "" {
+		t.Error("nil error has a message")
+	}
+	secret := fmt.Errorf("agent: put %q: %w", "k", errors.New("database is locked: /srv/data/agentry.db"))
+	msg := rt.ClientMessage(secret, "agent", "Room/r1")
+	id := logs.InternalError(t, msg, "database is locked: /srv/data/agentry.db", "agent=Room/r1")
+	if other := rt.ClientMessage(secret); other == msg {
+		t.Errorf("two internal errors share the id %s", id)
 	}
 }
