@@ -30,6 +30,15 @@ type Class struct {
 	// It is the class's own risk (docs/concurrency.md); the default is one
 	// input at a time.
 	Concurrent bool
+	// Public lets clients reach the class's root instances through the
+	// server (/agents/{route}/{name}). A class without it is reachable by
+	// clients only as a sub-agent, through its parent's route and gate
+	// (OnBeforeSubAgent and the layers' gates): child-only classes, such
+	// as the helpers an agent runs as tools, leave it false. Go code
+	// (Runtime.Get, SubAgent, Call, Connect) is not affected. Public is
+	// about routing, not identity: combine it with the server's
+	// authorization.
+	Public bool
 }
 
 // Agent is implemented by every agent type by embedding Base.
@@ -79,6 +88,10 @@ func newClassInfo(c Class) (*classInfo, error) {
 	}
 	ci.layerIdx = findLayers(ci.typ.Elem(), nil)
 	for _, wire := range c.Callable {
+		if from, ok := ci.frameworkMethod(goMethodName(wire)); ok {
+			return nil, fmt.Errorf("agent: class %s: callable %q: %s is a framework method (of %s), which clients must not call; "+
+				"give the agent's own method another name", c.Name, wire, goMethodName(wire), from)
+		}
 		m, err := reflectMethod(ci.typ, goMethodName(wire))
 		if err != nil {
 			return nil, fmt.Errorf("agent: class %s: callable %q: %w", c.Name, wire, err)
@@ -86,6 +99,26 @@ func newClassInfo(c Class) (*classInfo, error) {
 		ci.callables[wire] = m
 	}
 	return ci, nil
+}
+
+var baseType = reflect.TypeFor[*Base]()
+
+// frameworkMethod reports whether name is a method of the framework types
+// the class embeds: agent.Base and every embedded layer (such as
+// chat.Base), and names the type it belongs to. Such methods act on the
+// instance as a whole (its storage, its transcript, its life), so they are
+// never callable, even when the agent declares its own method of that name.
+func (ci *classInfo) frameworkMethod(name string) (string, bool) {
+	if _, ok := baseType.MethodByName(name); ok {
+		return "agent.Base", true
+	}
+	for _, idx := range ci.layerIdx {
+		t := ci.typ.Elem().FieldByIndex(idx).Type
+		if _, ok := reflect.PointerTo(t).MethodByName(name); ok {
+			return t.String(), true
+		}
+	}
+	return "", false
 }
 
 // goMethodName maps a wire method name to its Go spelling.

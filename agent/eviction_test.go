@@ -30,7 +30,7 @@ func TestEvictionRehydratesWithStorageIntact(t *testing.T) {
 	if _, err := p.Bump(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Put(ctx, "greeting", map[string]string{"hi": "there"}); err != nil {
+	if err := p.Storage().Put(ctx, "greeting", map[string]string{"hi": "there"}); err != nil {
 		t.Fatal(err)
 	}
 	writeNote(t, p, "remember me")
@@ -80,13 +80,13 @@ func TestEvictionRehydratesWithStorageIntact(t *testing.T) {
 		t.Fatal("rehydration returned the evicted agent value")
 	}
 	var kv map[string]string
-	if ok, err := p2.Get(ctx, "greeting", &kv); err != nil || !ok || kv["hi"] != "there" {
+	if ok, err := p2.Storage().Get(ctx, "greeting", &kv); err != nil || !ok || kv["hi"] != "there" {
 		t.Errorf("KV after rehydration = %v, %v, %v", kv, ok, err)
 	}
 	if notes := readNotes(t, p2); !slices.Equal(notes, []string{"remember me"}) {
 		t.Errorf("SQL rows after rehydration = %q", notes)
 	}
-	if keys, err := p2.Keys(ctx, "g"); err != nil || !slices.Equal(keys, []string{"greeting"}) {
+	if keys, err := p2.Storage().Keys(ctx, "g"); err != nil || !slices.Equal(keys, []string{"greeting"}) {
 		t.Errorf("Keys = %q, %v", keys, err)
 	}
 }

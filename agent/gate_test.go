@@ -68,7 +68,7 @@ func (g *Gated) Bump(ctx context.Context, by int) (int, error) {
 		return 0, err
 	}
 	runtime.Gosched()
-	if err := g.Put(ctx, "last", by); err != nil {
+	if err := g.Storage().Put(ctx, "last", by); err != nil {
 		return 0, err
 	}
 	s.Count += by

@@ -459,7 +459,7 @@ func getProbe(t *testing.T, rt *agent.Runtime, p agent.Path) *Probe {
 // notes creates {notes} in the agent's private tables and stores text.
 func writeNote(t *testing.T, p *Probe, text string) {
 	t.Helper()
-	err := p.Update(context.Background(), func(s *agent.SQL) error {
+	err := p.Storage().Update(context.Background(), func(s *agent.SQL) error {
 		if _, err := s.Exec(`CREATE TABLE IF NOT EXISTS {notes} (id INTEGER PRIMARY KEY, text TEXT NOT NULL)`); err != nil {
 			return err
 		}
@@ -474,7 +474,7 @@ func writeNote(t *testing.T, p *Probe, text string) {
 func readNotes(t *testing.T, p *Probe) []string {
 	t.Helper()
 	var out []string
-	err := p.View(context.Background(), func(s *agent.SQL) error {
+	err := p.Storage().View(context.Background(), func(s *agent.SQL) error {
 		rows, err := s.Query(`SELECT text FROM {notes} ORDER BY id`)
 		if err != nil {
 			return err

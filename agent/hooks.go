@@ -48,9 +48,13 @@ type SubAgentGate interface {
 	OnBeforeSubAgent(ctx context.Context, r *http.Request, class, name string) error
 }
 
-// StateValidator checks state sent by a client before it is persisted. A
-// returned error refuses the update; the client is told with
-// cf_agent_state_error.
+// StateValidator checks state sent by a client (a cf_agent_state frame, the
+// npm clients' setState) before it is persisted. Client writes are closed by
+// default: an agent without this hook refuses every one, and a state with a
+// number that is not a finite float64 (1e999999) is refused before the hook
+// runs. A returned error refuses the update. The client is told of any
+// refusal with {"type":"cf_agent_state_error","error":"State update
+// rejected"}; it keeps its optimistic state (the reference's behaviour).
 type StateValidator interface {
 	ValidateState(ctx context.Context, next json.RawMessage, from *Conn) error
 }

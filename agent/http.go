@@ -13,7 +13,7 @@ func (rt *Runtime) ServeInstance(w http.ResponseWriter, r *http.Request, path Pa
 	ctx := r.Context()
 	in, err := rt.acquire(ctx, path)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		http.Error(w, rt.ClientMessage(err, "agent", path.String(), "in", "ServeInstance"), http.StatusServiceUnavailable)
 		return
 	}
 	defer in.release()

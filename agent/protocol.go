@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 	"sync"
 
 	"github.com/agentry/agentry/diag"
@@ -193,7 +196,7 @@ func (c *Conn) onMessage(ctx context.Context, h MessageHandler, data []byte) {
 	}
 	defer leave()
 	if err := h.OnMessage(ctx, c, data); err != nil {
-		c.SendError("message_failed", err.Error())
+		c.SendError("message_failed", c.inst.rt.ClientMessage(err, "agent", c.inst.key, "in", "OnMessage"))
 	}
 }
 
@@ -207,21 +210,54 @@ func (c *Conn) handleClientState(ctx context.Context, data []byte) {
 		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
 		return
 	}
+	// Client writes are closed by default: only a class with a validator
+	// accepts them, and only values that survive a JSON round trip.
+	v, ok := in.agent.(StateValidator)
+	if !ok {
+		in.rt.log.Info("client state refused: the class has no ValidateState", "agent", in.key)
+		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+		return
+	}
+	if err := checkStateNumbers(f.State); err != nil {
+		in.rt.log.Info("client state refused", "agent", in.key, "err", err)
+		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+		return
+	}
 	ctx, leave, err := in.enter(ctx)
 	if err != nil {
 		return
 	}
 	defer leave()
-	if v, ok := in.agent.(StateValidator); ok {
-		if err := v.ValidateState(ctx, f.State, c); err != nil {
-			in.rt.log.Info("client state rejected", "agent", in.key, "err", err)
-			c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
-			return
-		}
+	if err := v.ValidateState(ctx, f.State, c); err != nil {
+		in.rt.log.Info("client state rejected", "agent", in.key, "err", err)
+		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+		return
 	}
 	if err := in.setState(ctx, f.State, c); err != nil {
 		in.rt.log.Error("persist client state", "agent", in.key, "err", err)
 		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update failed"})
+	}
+}
+
+// checkStateNumbers refuses a state with a number that is not a finite
+// float64 (1e999999): JavaScript would read it as Infinity and Go cannot
+// decode it, so every client would see something else than was stored.
+func checkStateNumbers(state json.RawMessage) error {
+	dec := json.NewDecoder(bytes.NewReader(state))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("state is not JSON: %w", err)
+		}
+		if n, ok := tok.(json.Number); ok {
+			if _, err := strconv.ParseFloat(string(n), 64); err != nil {
+				return fmt.Errorf("state number %.40s is out of range", n)
+			}
+		}
 	}
 }
 
@@ -303,7 +339,7 @@ func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 	attrs := map[string]any{"method": req.Method, "streaming": m.streaming, "duration": rt.clock.Since(start)}
 	if err != nil {
 		attrs["error"] = err.Error()
-		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: err.Error()})
+		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: rt.ClientMessage(err, "agent", in.key, "method", req.Method)})
 	} else {
 		if stream != nil {
 			stream.mu.Lock()
@@ -323,12 +359,11 @@ func (in *instance) lookupCallable(name string) (*method, error) {
 	}
 	if name != "" {
 		if _, ok := in.class.typ.MethodByName(goMethodName(name)); ok {
-			//lint:ignore ST1005 the npm client shows this exact text
-			return nil, fmt.Errorf("Method %s is not callable", name)
+			// The npm client shows this exact text.
+			return nil, Publicf("Method %s is not callable", name)
 		}
 	}
-	//lint:ignore ST1005 the npm client shows this exact text
-	return nil, fmt.Errorf("Method %s does not exist", name)
+	return nil, Publicf("Method %s does not exist", name)
 }
 
 // Stream is the first argument (after an optional context) of a streaming

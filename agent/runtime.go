@@ -152,6 +152,13 @@ func (rt *Runtime) ClassByRoute(route string) (string, bool) {
 	return ci.Name, true
 }
 
+// IsPublic reports whether clients may reach root instances of the class
+// (Class.Public).
+func (rt *Runtime) IsPublic(class string) bool {
+	ci, ok := rt.classes[class]
+	return ok && ci.Public
+}
+
 // HasClass reports whether a class of that name is registered.
 func (rt *Runtime) HasClass(name string) bool {
 	_, ok := rt.classes[name]

@@ -12,9 +12,21 @@ import (
 	"github.com/agentry/agentry/store"
 )
 
+// Storage is an instance's own durable storage: a key-value store (Get,
+// Put, Delete, Keys) and SQL tables private to the instance (Update, View).
+// Get it with Base.Storage. It lives on its own type, not on Base, so that
+// generic names such as "get" and "update" stay free for an agent's own
+// callable methods.
+type Storage struct {
+	in *instance
+}
+
+// Storage returns the instance's durable storage.
+func (b *Base) Storage() Storage { return Storage{in: b.in} }
+
 // Get reads the value stored under key into v and reports whether it
 // existed.
-func (b *Base) Get(ctx context.Context, key string, v any) (bool, error) {
+func (b Storage) Get(ctx context.Context, key string, v any) (bool, error) {
 	var raw string
 	err := b.in.rt.db.View(ctx, func(tx store.Tx) error {
 		return tx.QueryRow(ctx, `SELECT value FROM kv WHERE instance_id = ? AND key = ?`, b.in.id, key).Scan(&raw)
@@ -32,7 +44,7 @@ func (b *Base) Get(ctx context.Context, key string, v any) (bool, error) {
 }
 
 // Put stores v as JSON under key. It returns once the value is durable.
-func (b *Base) Put(ctx context.Context, key string, v any) error {
+func (b Storage) Put(ctx context.Context, key string, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("agent: marshal %q: %w", key, err)
@@ -49,7 +61,7 @@ func (b *Base) Put(ctx context.Context, key string, v any) error {
 }
 
 // Delete removes key.
-func (b *Base) Delete(ctx context.Context, key string) error {
+func (b Storage) Delete(ctx context.Context, key string) error {
 	err := b.in.rt.db.Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `DELETE FROM kv WHERE instance_id = ? AND key = ?`, b.in.id, key)
 		return err
@@ -61,7 +73,7 @@ func (b *Base) Delete(ctx context.Context, key string) error {
 }
 
 // Keys returns the stored keys that start with prefix, in order.
-func (b *Base) Keys(ctx context.Context, prefix string) ([]string, error) {
+func (b Storage) Keys(ctx context.Context, prefix string) ([]string, error) {
 	var keys []string
 	err := b.in.rt.db.View(ctx, func(tx store.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT key FROM kv WHERE instance_id = ? AND key >= ? ORDER BY key`, b.in.id, prefix)
@@ -134,14 +146,14 @@ func (s *SQL) QueryRow(query string, args ...any) *sql.Row {
 
 // Update runs fn in a read-write transaction over the instance's tables and
 // commits it when fn returns nil.
-func (b *Base) Update(ctx context.Context, fn func(*SQL) error) error {
+func (b Storage) Update(ctx context.Context, fn func(*SQL) error) error {
 	return b.in.rt.db.Update(ctx, func(tx store.Tx) error {
 		return fn(&SQL{ctx: ctx, tx: tx, id: b.in.id})
 	})
 }
 
 // View runs fn in a read-only transaction over the instance's tables.
-func (b *Base) View(ctx context.Context, fn func(*SQL) error) error {
+func (b Storage) View(ctx context.Context, fn func(*SQL) error) error {
 	return b.in.rt.db.View(ctx, func(tx store.Tx) error {
 		return fn(&SQL{ctx: ctx, tx: tx, id: b.in.id})
 	})

@@ -54,7 +54,7 @@ func TestSubAgentHasOwnStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []*Probe{parent, child} {
-		if err := p.Put(ctx, "who", p.Name()); err != nil {
+		if err := p.Storage().Put(ctx, "who", p.Name()); err != nil {
 			t.Fatal(err)
 		}
 		writeNote(t, p, "note of "+p.Name())
@@ -76,7 +76,7 @@ func TestSubAgentHasOwnStorage(t *testing.T) {
 			t.Errorf("%s state = %+v, %v; want count %d", c.p.Name(), s, err, c.count)
 		}
 		var who string
-		if ok, err := c.p.Get(ctx, "who", &who); err != nil || !ok || who != c.p.Name() {
+		if ok, err := c.p.Storage().Get(ctx, "who", &who); err != nil || !ok || who != c.p.Name() {
 			t.Errorf("%s KV who = %q, %v, %v", c.p.Name(), who, ok, err)
 		}
 		if notes := readNotes(t, c.p); !slices.Equal(notes, []string{"note of " + c.p.Name()}) {
@@ -124,7 +124,7 @@ func TestDeleteSubAgentRemovesSubtree(t *testing.T) {
 		if _, err := p.Bump(ctx, 1); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.Put(ctx, "k", 1); err != nil {
+		if err := p.Storage().Put(ctx, "k", 1); err != nil {
 			t.Fatal(err)
 		}
 		writeNote(t, p, p.Name())

@@ -253,7 +253,7 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 				return err
 			})
 			if oerr != nil {
-				status, errText = StatusError, "agent tool output: "+oerr.Error()
+				status, errText = StatusError, h.runError(cr.runID, fmt.Errorf("agent tool output: %w", oerr))
 			} else if out != nil {
 				output, _ = json.Marshal(out)
 			}

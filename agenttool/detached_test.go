@@ -281,8 +281,8 @@ func detStart(t *testing.T, k *detKit, dir string) *testenv.Env {
 		Dir:   dir,
 		Clock: k.clock,
 		Classes: []agent.Class{
-			{Name: "DetParent", New: func() agent.Agent { return &detParent{k: k} }},
-			{Name: "DetFmtParent", New: func() agent.Agent { return &detFmtParent{detParent{k: k}} }},
+			{Name: "DetParent", New: func() agent.Agent { return &detParent{k: k} }, Public: true},
+			{Name: "DetFmtParent", New: func() agent.Agent { return &detFmtParent{detParent{k: k}} }, Public: true},
 			{Name: "DetWorker", New: func() agent.Agent { return &detWorker{k: k} }},
 			{Name: "DetOutputWorker", New: func() agent.Agent { return &detOutputWorker{detWorker{k: k}} }},
 		},

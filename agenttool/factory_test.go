@@ -171,7 +171,8 @@ func TestAgentToolMissingOutput(t *testing.T) {
 }
 
 // TestAgentToolFailureEnvelope: a child whose stream fails gives the
-// model {ok:false,status:"error",retryable:false} with the child's error.
+// model {ok:false,status:"error",retryable:false} with the child's error,
+// sanitized.
 func TestAgentToolFailureEnvelope(t *testing.T) {
 	k := newKit()
 	k.researcher = scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("partial"), scripted.Fail(errors.New("model stream failed"))})))
@@ -184,9 +185,12 @@ func TestAgentToolFailureEnvelope(t *testing.T) {
 	if err := json.Unmarshal(part.Output, &f); err != nil {
 		t.Fatalf("output %s: %v", part.Output, err)
 	}
-	if f.OK || f.Status != agenttool.StatusError || f.Retryable || !strings.Contains(f.Error, "model stream failed") {
+	if f.OK || f.Status != agenttool.StatusError || f.Retryable {
 		t.Fatalf("failure = %+v", f)
 	}
+	// The model's error is internal: the parent's model and clients see
+	// its id, the log its text.
+	k.logs.InternalError(t, f.Error, "model stream failed", "agent=Assistant/a-fail/Researcher/")
 }
 
 // TestAgentToolCapRefusedEnvelope: a tool call refused by the concurrency

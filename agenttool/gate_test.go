@@ -53,7 +53,7 @@ func TestParentAnswersWhileAwaiting(t *testing.T) {
 	k.researcher = heldModel(fake, scripted.Always(scripted.Reply{scripted.Text("Findings about the topic")}))
 	env := testenv.Start(t, testenv.Options{
 		Classes: []agent.Class{
-			{Name: "Lister", New: func() agent.Agent { return &lister{} }, Callable: []string{"research", "listRuns"}},
+			{Name: "Lister", New: func() agent.Agent { return &lister{} }, Callable: []string{"research", "listRuns"}, Public: true},
 			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
 		},
 		Setup: func(rt *agent.Runtime) error {

@@ -41,6 +41,7 @@ func testCtx(t *testing.T) context.Context {
 // Test agents. One kit per test configures every class of its runtime.
 
 type kit struct {
+	logs testenv.Logs // the runtime's log
 	// Parent ("Assistant").
 	parentModel model.Model
 	parentTools []chat.Tool
@@ -122,7 +123,7 @@ type extraction struct {
 }
 
 func (e *extractor) OnStart(ctx context.Context) error {
-	return e.Update(ctx, func(s *agent.SQL) error {
+	return e.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`CREATE TABLE IF NOT EXISTS {extraction_runs} (id TEXT PRIMARY KEY, result_json TEXT NOT NULL)`)
 		return err
 	})
@@ -139,7 +140,7 @@ func (e *extractor) Tools() []chat.Tool {
 		func(ctx context.Context, in saveInput) (string, error) {
 			data, _ := json.Marshal(extraction{Entities: in.Entities, Count: len(in.Entities)})
 			// The child instance is named by the run id.
-			err := e.Update(ctx, func(s *agent.SQL) error {
+			err := e.Storage().Update(ctx, func(s *agent.SQL) error {
 				_, err := s.Exec(`INSERT INTO {extraction_runs} (id, result_json) VALUES (?, ?)`, e.Name(), string(data))
 				return err
 			})
@@ -149,7 +150,7 @@ func (e *extractor) Tools() []chat.Tool {
 
 func (e *extractor) AgentToolOutput(ctx context.Context, runID string) (any, error) {
 	var raw string
-	err := e.View(ctx, func(s *agent.SQL) error {
+	err := e.Storage().View(ctx, func(s *agent.SQL) error {
 		return s.QueryRow(`SELECT result_json FROM {extraction_runs} WHERE id = ?`, runID).Scan(&raw)
 	})
 	if err != nil {
@@ -221,13 +222,14 @@ func startKit(t *testing.T, k *kit, opts agenttool.Options) *testenv.Env {
 	t.Helper()
 	return testenv.Start(t, testenv.Options{
 		Classes: []agent.Class{
-			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }},
+			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
 			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
 			{Name: "Extractor", New: func() agent.Agent { return &extractor{k: k} }},
 			{Name: "Summarizer", New: func() agent.Agent { return &summarizer{k: k} }},
 			{Name: "Middle", New: func() agent.Agent { return &middle{k: k} }},
-			{Name: "Plain", New: func() agent.Agent { return &plain{} }},
+			{Name: "Plain", New: func() agent.Agent { return &plain{} }, Public: true},
 		},
+		Logger: k.logs.Logger(),
 		Setup: func(rt *agent.Runtime) error {
 			chat.Configure(rt, chat.Config{})
 			agenttool.Install(rt, opts)

@@ -135,7 +135,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			// it was recorded with, then follow it.
 			cr, err := ch.startChildRun(ctx, row.RunID, nil, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()})
 			if err != nil {
-				h.recoveredRow(ctx, row, start, Result{Status: StatusError, Error: err.Error()}, 0)
+				h.recoveredRow(ctx, row, start, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 				continue
 			}
 			reattach = append(reattach, pending{row, child, ch, cr})

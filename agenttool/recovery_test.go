@@ -267,8 +267,8 @@ func recStartWith(t *testing.T, k *recKit, dir string, ev *recEvents, setup func
 		Dir:   dir,
 		Clock: clock,
 		Classes: []agent.Class{
-			{Name: "RecParent", New: func() agent.Agent { return &recParent{k: k} }},
-			{Name: "RecPlainParent", New: func() agent.Agent { return &recPlainParent{} }},
+			{Name: "RecParent", New: func() agent.Agent { return &recParent{k: k} }, Public: true},
+			{Name: "RecPlainParent", New: func() agent.Agent { return &recPlainParent{} }, Public: true},
 			{Name: "RecChild", New: func() agent.Agent { return &recChild{k: k} }},
 			{Name: "RecStuck", New: func() agent.Agent { return &recStuck{k: k} }},
 			{Name: "RecBlocking", New: func() agent.Agent { return &recBlocking{k: k} }},

@@ -150,7 +150,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(class, runID))
 	if err != nil {
-		return h.dispatchFailed(ctx, row, "start child: "+err.Error())
+		return h.dispatchFailed(ctx, row, h.runError(runID, fmt.Errorf("start child: %w", err)))
 	}
 	defer releaseChild()
 	ch, err := hostOf(child)
@@ -159,7 +159,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	cr, err := ch.startChildRun(ctx, runID, input, ChildRequest{RunID: runID, AgentType: class, ParentPath: h.b.Path()})
 	if err != nil {
-		return h.dispatchFailed(ctx, row, err.Error())
+		return h.dispatchFailed(ctx, row, h.runError(runID, err))
 	}
 	if err := h.markRunning(ctx, runID); err != nil {
 		if h.rt.Context().Err() != nil {
@@ -224,7 +224,7 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 			// starting its child: start it now, with this dispatch's
 			// input (starting is idempotent).
 			if err := h.startRecordedChild(ctx, row, input); err != nil {
-				return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
+				return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 			}
 			row.Status = StatusRunning
 		}
@@ -262,7 +262,7 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 		// start it now, with this dispatch's input. Starting is idempotent.
 		cr, err = ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()})
 		if err != nil {
-			return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
+			return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 		}
 		if err := h.markRunning(ctx, row.RunID); err != nil {
 			return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
@@ -359,7 +359,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		if h.rt.Context().Err() != nil {
 			return Result{}, agent.ErrClosed // the run resumes with the process
 		}
-		return h.finish(ctx, row, Result{Status: StatusError, Error: err.Error()}, 0)
+		return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 	}
 	if lim.noProgress > 0 {
 		idleMu.Lock()
@@ -414,7 +414,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	var res Result
 	switch {
 	case err != nil:
-		res = Result{Status: StatusError, Error: err.Error()}
+		res = Result{Status: StatusError, Error: h.runError(row.RunID, err)}
 	case insp == nil:
 		res = Result{Status: StatusError, Error: msgRunFailed}
 	default:
@@ -440,6 +440,14 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		mark = chunks[len(chunks)-1].Seq + 1
 	}
 	return h.finish(bg, row, res, mark)
+}
+
+// runError is the error text a failed run records and shows (to the
+// parent's model, to clients in agent-tool events) for an internal error:
+// its public message, or an internal error id with err logged
+// (agent.Runtime.ClientMessage).
+func (h *host) runError(runID string, err error) string {
+	return h.rt.ClientMessage(err, "agent", h.b.Path().String(), "run", runID)
 }
 
 func resultFromInspection(in Inspection) Result {

@@ -131,7 +131,7 @@ func TestWorkflowChildOutput(t *testing.T) {
 		t.Fatalf("the workflow child wrote text %q", txt)
 	}
 	// The application forgets its row: the run keeps its output.
-	if err := child.Update(ctx, func(s *agent.SQL) error {
+	if err := child.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`DELETE FROM {extraction_runs}`)
 		return err
 	}); err != nil {
@@ -187,12 +187,13 @@ func TestIdempotentRunID(t *testing.T) {
 	}
 }
 
-// failingResearcher fails the stream of queries containing "fail".
+// failingResearcher fails the stream of queries containing "fail", with the
+// query as a public error text.
 func failingResearcher() model.Model {
 	return echoResearcher(scripted.WithRules(scripted.Rule{Match: scripted.LastUserContains("fail"), Reply: func(req *model.Request) scripted.Reply {
 		var in researchInput
 		_ = json.Unmarshal([]byte(scripted.LastUserText(req)), &in)
-		return scripted.Reply{scripted.Text("working"), scripted.Fail(errors.New(in.Query))}
+		return scripted.Reply{scripted.Text("working"), scripted.Fail(agent.Publicf("%s", in.Query))}
 	}}))
 }
 

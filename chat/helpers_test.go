@@ -3,6 +3,7 @@ package chat_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -92,15 +93,15 @@ func (a *policyAgent) RecoverTurn(ctx context.Context, partial message.Message) 
 }
 
 func chatClass(name string, k *kit) agent.Class {
-	return agent.Class{Name: name, New: func() agent.Agent { return &chatAgent{hooks: hooks{k}} }}
+	return agent.Class{Name: name, New: func() agent.Agent { return &chatAgent{hooks: hooks{k}} }, Public: true}
 }
 
 func handlerClass(name string, k *kit) agent.Class {
-	return agent.Class{Name: name, New: func() agent.Agent { return &handlerAgent{hooks: hooks{k}} }}
+	return agent.Class{Name: name, New: func() agent.Agent { return &handlerAgent{hooks: hooks{k}} }, Public: true}
 }
 
 func policyClass(name string, k *kit) agent.Class {
-	return agent.Class{Name: name, New: func() agent.Agent { return &policyAgent{hooks: hooks{k}} }}
+	return agent.Class{Name: name, New: func() agent.Agent { return &policyAgent{hooks: hooks{k}} }, Public: true}
 }
 
 // chatter is what the tests use of a chat agent.
@@ -207,6 +208,7 @@ type rigOptions struct {
 	classes []agent.Class
 	cfg     chat.Config
 	clock   clockwork.Clock
+	logger  *slog.Logger // nil means slog.Default()
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -225,7 +227,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	db := newCountingDB(sq)
 	hub := diag.New(nil, o.clock.Now)
 	r := &rig{dir: o.dir, sq: sq, db: db, hub: hub, turns: watch(hub, diag.ChannelChat)}
-	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: -1, Diag: hub})
+	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: -1, Diag: hub, Logger: o.logger})
 	if err != nil {
 		sq.Close()
 		t.Fatal(err)

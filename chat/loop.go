@@ -181,7 +181,7 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 			}
 			_ = closeText()
 			_ = closeReasoning()
-			tt.t.errText = err.Error()
+			tt.t.errText = tt.t.c.turnError(tt.t, err)
 			return nil, "", fmt.Errorf("%w: %v", errTurnError, err)
 		}
 		var werr error

@@ -83,7 +83,7 @@ func (b *Base) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, dat
 		c.onResumeAck(ctx, conn, f.ID)
 	case frameClear:
 		if err := c.clear(ctx, conn); err != nil {
-			conn.SendError("chat_failed", err.Error())
+			conn.SendError("chat_failed", c.rt.ClientMessage(err, "agent", c.b.Path().String(), "in", "chat clear"))
 		}
 	case frameMessages:
 		var f struct {
@@ -94,7 +94,7 @@ func (b *Base) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, dat
 			return true
 		}
 		if err := c.replaceTranscript(ctx, f.Messages, conn); err != nil {
-			conn.SendError("chat_failed", err.Error())
+			conn.SendError("chat_failed", c.rt.ClientMessage(err, "agent", c.b.Path().String(), "in", "chat messages"))
 		}
 	case frameToolResult:
 		c.onToolResult(ctx, conn, data)

@@ -364,7 +364,7 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 		policy, collect, err = c.prepareRecovery(ctx, t, transcript)
 		if err != nil {
 			c.log.Error("chat: prepare recovery", "stream", t.row.ID, "err", err)
-			return c.finishTurn(ctx, t, OutcomeError, "recovery failed: "+err.Error())
+			return c.finishTurn(ctx, t, OutcomeError, "recovery failed: "+c.turnError(t, err))
 		}
 		c.rt.Diag().Publish(diag.ChannelChat, "recover-turn", c.b.Path().String(),
 			map[string]any{"stream": t.row.ID, "policy": policy, "keptChunks": t.kept, "collected": collect})
@@ -383,7 +383,7 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 		return err
 	})
 	if err != nil {
-		return c.finishTurn(ctx, t, OutcomeError, "persist turn: "+err.Error())
+		return c.finishTurn(ctx, t, OutcomeError, c.turnError(t, fmt.Errorf("persist turn: %w", err)))
 	}
 
 	if t.builder == nil {
@@ -391,7 +391,7 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 		if t.row.Continuation {
 			if last := lastAssistant(transcript); last != nil {
 				if err := t.builder.Continue(*last); err != nil {
-					return c.finishTurn(ctx, t, OutcomeError, err.Error())
+					return c.finishTurn(ctx, t, OutcomeError, c.turnError(t, err))
 				}
 				transcript = transcript[:len(transcript)-1]
 			}
@@ -427,7 +427,7 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 	case herr != nil:
 		msg := t.errText
 		if msg == "" {
-			msg = herr.Error()
+			msg = c.turnError(t, herr)
 		}
 		return c.finishTurn(ctx, t, OutcomeError, msg)
 	}
@@ -435,6 +435,13 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 		_ = t.write(message.Finish("stop"))
 	}
 	return c.finishTurn(ctx, t, OutcomeCompleted, "")
+}
+
+// turnError is the text a failed turn reports (to clients, to an agent-tool
+// parent, in storage) for err: its public message, or an internal error id
+// with err logged (agent.Runtime.ClientMessage).
+func (c *core) turnError(t *turn, err error) string {
+	return c.rt.ClientMessage(err, "agent", c.b.Path().String(), "stream", t.row.ID)
 }
 
 func safeCall(fn func() error) (err error) {

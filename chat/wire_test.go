@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
 )
@@ -31,30 +32,51 @@ func failingModel() *scripted.Model {
 	})))
 }
 
-const streamErr = "scripted: stream: model overloaded"
+// streamErrDetail is what the failing model's error says; clients never see
+// it, only the log does.
+const streamErrDetail = "scripted: stream: model overloaded"
 
 // TestModelErrorHeadless: a model stream that fails after some text ends
-// the turn with outcome error and the error text; the partial text is kept.
+// the turn with outcome error; the partial text is kept. The error text is
+// an internal error id, and the log holds the model's error under that id.
 func TestModelErrorHeadless(t *testing.T) {
-	r := newRig(t, rigOptions{classes: []agent.Class{chatClass("Bot", &kit{model: failingModel()})}})
+	var logs testenv.Logs
+	r := newRig(t, rigOptions{classes: []agent.Class{chatClass("Bot", &kit{model: failingModel()})}, logger: logs.Logger()})
 	a := getChat(t, r.rt, "Bot", "err")
 	res, err := a.SaveMessages(testCtx(t), []message.Message{userMsg("hi")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome != chat.OutcomeError || res.Error != streamErr {
-		t.Fatalf("outcome %q error %q, want error %q", res.Outcome, res.Error, streamErr)
+	if res.Outcome != chat.OutcomeError {
+		t.Fatalf("outcome %q error %q, want error", res.Outcome, res.Error)
 	}
+	logs.InternalError(t, res.Error, streamErrDetail, "agent=Bot/err")
 	if res.Text() != "partial answer " {
 		t.Fatalf("partial text %q", res.Text())
+	}
+}
+
+// TestModelPublicErrorHeadless: a model error that wraps an
+// *agent.PublicError ends the turn with that public text.
+func TestModelPublicErrorHeadless(t *testing.T) {
+	m := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{
+		scripted.Fail(agent.Publicf("the model is busy, try again in a minute")),
+	})))
+	r := newRig(t, rigOptions{classes: []agent.Class{chatClass("Bot", &kit{model: m})}})
+	res, err := getChat(t, r.rt, "Bot", "pub").SaveMessages(testCtx(t), []message.Message{userMsg("hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Outcome != chat.OutcomeError || res.Error != "the model is busy, try again in a minute" {
+		t.Fatalf("outcome %q error %q, want the public text", res.Outcome, res.Error)
 	}
 }
 
 // checkErrorFrames asserts the end of a failed turn on the wire: content
 // frames, then {body:<text>, done:false, error:true}, then
 // {body:"", done:true, outcome:"error", messageIds}, and nothing else for
-// the request.
-func checkErrorFrames(t *testing.T, fs []wireFrame, id, errText, userID string) {
+// the request. It returns the error text; errText "" accepts any.
+func checkErrorFrames(t *testing.T, fs []wireFrame, id, errText, userID string) string {
 	t.Helper()
 	var mine []wireFrame
 	for _, f := range fs {
@@ -67,7 +89,7 @@ func checkErrorFrames(t *testing.T, fs []wireFrame, id, errText, userID string) 
 		t.Fatalf("frames %v", mine)
 	}
 	e, d := mine[n-2], mine[n-1]
-	if !bool(e.Error) || e.Done || e.Body != errText || !json.Valid([]byte(e.raw)) {
+	if !bool(e.Error) || e.Done || (errText != "" && e.Body != errText) || !json.Valid([]byte(e.raw)) {
 		t.Fatalf("error frame %s, want body %q done:false error:true", e.raw, errText)
 	}
 	if !d.Done || d.Body != "" || d.Outcome != chat.OutcomeError || bool(d.Error) || !slices.Equal(d.MessageIDs, []string{userID}) {
@@ -81,16 +103,25 @@ func checkErrorFrames(t *testing.T, fs []wireFrame, id, errText, userID string) 
 			t.Fatalf("an error chunk was forwarded as a body: %s", f.raw)
 		}
 	}
+	return e.Body
 }
 
 // TestModelErrorOnTheWire: over a real WebSocket the failed turn ends with
-// the error frame and then the terminal frame with outcome error.
+// the error frame and then the terminal frame with outcome error; the
+// frame carries an internal error id, not the model's error text.
 func TestModelErrorOnTheWire(t *testing.T) {
-	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, chatClass("Bot", &kit{model: failingModel()}))
+	var logs testenv.Logs
+	env := testenv.Start(t, testenv.Options{
+		Classes: []agent.Class{chatClass("Bot", &kit{model: failingModel()})},
+		Logger:  logs.Logger(),
+		Clock:   clockwork.NewFakeClock(),
+		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
+	})
 	c := dial(t, env, "/agents/bot/err")
 	c.handshake()
 	c.request("req-err", userMsgID("u-err", "hi"))
-	checkErrorFrames(t, c.until(isDone("req-err")), "req-err", streamErr, "u-err")
+	body := checkErrorFrames(t, c.until(isDone("req-err")), "req-err", "", "u-err")
+	logs.InternalError(t, body, streamErrDetail)
 }
 
 // TestHandlerErrorChunkOnTheWire: a custom handler that writes an error

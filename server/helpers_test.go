@@ -240,6 +240,7 @@ func jsonEq(t *testing.T, got map[string]any, want string) {
 
 // hooks records what the Hooked agents saw.
 type hooks struct {
+	logs     testenv.Logs // the runtime's log, when the test passes it
 	starts   atomic.Int32
 	closes   chan closeInfo
 	mu       sync.Mutex
@@ -274,9 +275,10 @@ type Hooked struct {
 
 func hookedClass(h *hooks) agent.Class {
 	return agent.Class{
-		Name: "Hooked",
-		New:  func() agent.Agent { return &Hooked{h: h} },
-		Callable: []string{"echo", "fail", "boom", "setMine", "mine", "shout", "setState",
+		Name:   "Hooked",
+		New:    func() agent.Agent { return &Hooked{h: h} },
+		Public: true,
+		Callable: []string{"echo", "fail", "failPublic", "boom", "setMine", "mine", "shout", "putState",
 			"stream", "streamFail", "nothing"},
 	}
 }
@@ -300,8 +302,11 @@ func (a *Hooked) OnConnect(ctx context.Context, c *agent.Conn) error {
 }
 
 func (a *Hooked) OnMessage(ctx context.Context, c *agent.Conn, data []byte) error {
-	if string(data) == "fail please" {
-		return errors.New("cannot handle that")
+	switch string(data) {
+	case "fail please":
+		return agent.Publicf("cannot handle that")
+	case "fail inside":
+		return errors.New("secret detail")
 	}
 	a.h.mu.Lock()
 	a.h.messages = append(a.h.messages, string(data))
@@ -330,7 +335,13 @@ func (a *Hooked) ValidateState(ctx context.Context, next json.RawMessage, from *
 
 func (a *Hooked) Echo(v any) any { return v }
 
-func (a *Hooked) Fail(ctx context.Context) (int, error) { return 0, errors.New("it failed on purpose") }
+func (a *Hooked) Fail(ctx context.Context) (int, error) {
+	return 0, fmt.Errorf("query kv: %w", errors.New("secret detail"))
+}
+
+func (a *Hooked) FailPublic(ctx context.Context) (int, error) {
+	return 0, fmt.Errorf("wrapped: %w", agent.Publicf("it failed on purpose"))
+}
 
 func (a *Hooked) Boom() int { panic("kaboom") }
 
@@ -346,7 +357,7 @@ func (a *Hooked) Shout(ctx context.Context, msg string) error {
 	return a.Broadcast(map[string]any{"type": "shout", "msg": msg}, agent.ConnFromContext(ctx))
 }
 
-func (a *Hooked) SetState(ctx context.Context, v any) error { return a.Base.SetState(ctx, v) }
+func (a *Hooked) PutState(ctx context.Context, v any) error { return a.SetState(ctx, v) }
 
 func (a *Hooked) Stream(ctx context.Context, s *agent.Stream, parts []string) (string, error) {
 	for _, p := range parts {

@@ -16,7 +16,7 @@ func startCounter(t *testing.T) *testenv.Env {
 }
 
 func startHooked(t *testing.T, h *hooks) *testenv.Env {
-	return testenv.Start(t, testenv.Options{Classes: []agent.Class{hookedClass(h), counter.Class()}})
+	return testenv.Start(t, testenv.Options{Classes: []agent.Class{hookedClass(h), counter.Class()}, Logger: h.logs.Logger()})
 }
 
 // dialHooked connects to a Hooked instance and reads the connect sequence
@@ -170,7 +170,11 @@ func TestRPC(t *testing.T) {
 
 	id = c.call("streamFail")
 	jsonEq(t, c.next(), `{"type":"rpc","id":"`+id+`","success":true,"result":"partial","done":false}`)
-	jsonEq(t, c.next(), `{"type":"rpc","id":"`+id+`","success":false,"error":"stream broke"}`)
+	f := c.next()
+	if f["id"] != id || f["success"] != false {
+		t.Fatalf("failed stream answered %v", f)
+	}
+	h.logs.InternalError(t, f["error"].(string), "stream broke", "method=streamFail")
 
 	id = c.call("nope")
 	jsonEq(t, c.next(), `{"type":"rpc","id":"`+id+`","success":false,"error":"Method nope does not exist"}`)
@@ -179,13 +183,21 @@ func TestRPC(t *testing.T) {
 	id = c.call("onStart")
 	jsonEq(t, c.next(), `{"type":"rpc","id":"`+id+`","success":false,"error":"Method onStart is not callable"}`)
 
-	id = c.call("fail")
+	// An error the method means the user to read is shown; any other is
+	// an internal error id, its text only in the log.
+	id = c.call("failPublic")
 	jsonEq(t, c.next(), `{"type":"rpc","id":"`+id+`","success":false,"error":"it failed on purpose"}`)
+	f = c.rpc("fail")
+	if f["success"] != false {
+		t.Fatalf("failing method answered %v", f)
+	}
+	h.logs.InternalError(t, f["error"].(string), "secret detail", "agent=Hooked/r", "method=fail")
 
-	f := c.rpc("boom")
-	if f["success"] != false || !strings.Contains(f["error"].(string), "kaboom") {
+	f = c.rpc("boom")
+	if f["success"] != false {
 		t.Fatalf("panicking method answered %v", f)
 	}
+	h.logs.InternalError(t, f["error"].(string), "kaboom")
 	if _, ok := f["done"]; ok {
 		t.Errorf("error response has a done key: %v", f)
 	}
@@ -248,7 +260,7 @@ func TestConnStateAndBroadcast(t *testing.T) {
 	jsonEq(t, c.next(), `{"type":"shout","msg":"hello"}`)
 
 	// Server-side SetState reaches every connection, the caller included.
-	id := b.call("setState", map[string]any{"v": 1})
+	id := b.call("putState", map[string]any{"v": 1})
 	jsonEq(t, b.next(), `{"type":"cf_agent_state","state":{"v":1}}`)
 	jsonEq(t, b.next(), `{"type":"rpc","id":"`+id+`","success":true,"done":true}`)
 	jsonEq(t, a.next(), `{"type":"cf_agent_state","state":{"v":1}}`)

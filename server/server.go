@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -51,8 +52,15 @@ type Options struct {
 	SendQueue int
 	// WriteTimeout bounds writing one frame; zero means 10 seconds.
 	WriteTimeout time.Duration
-	// OriginPatterns lists the browser origins allowed to open WebSockets
-	// (see websocket.AcceptOptions). Empty allows every origin.
+	// OriginPatterns lists the browser origins, besides the server's own,
+	// that may open WebSockets: host patterns such as "app.example.com" or
+	// "*.example.com", or "scheme://host" patterns (path.Match syntax, as
+	// websocket.AcceptOptions). Empty allows only pages of the same origin
+	// (an Origin whose host is the request's Host); "*" allows every
+	// origin, which is the explicit opt-in for a server whose clients do
+	// not authenticate with cookies. Requests without an Origin header
+	// (non-browser clients) are not affected. A refused upgrade is
+	// answered 403 before any agent is touched.
 	OriginPatterns []string
 	// CORS answers preflight requests and adds permissive CORS headers to
 	// HTTP responses, for front ends served from another origin.
@@ -178,7 +186,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	// Only public classes have client-reachable root instances; the others
+	// are reached as sub-agents, through their parent's gate.
+	if !s.rt.IsPublic(route.Path[0].Class) {
+		http.NotFound(w, r)
+		return
+	}
 	isWS := strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+	if isWS && !s.originAllowed(r) {
+		http.Error(w, "origin not allowed", http.StatusForbidden)
+		return
+	}
 	if s.opts.Authorize != nil {
 		if err := s.opts.Authorize(r, route.Path); err != nil {
 			if isWS {
@@ -254,10 +272,37 @@ func (s *Server) refuseSocket(w http.ResponseWriter, r *http.Request, err error)
 
 func (s *Server) acceptOptions() *websocket.AcceptOptions {
 	return &websocket.AcceptOptions{
-		InsecureSkipVerify: len(s.opts.OriginPatterns) == 0,
-		OriginPatterns:     s.opts.OriginPatterns,
-		CompressionMode:    websocket.CompressionDisabled,
+		OriginPatterns:  s.opts.OriginPatterns,
+		CompressionMode: websocket.CompressionDisabled,
 	}
+}
+
+// originAllowed applies websocket.Accept's origin rule (no Origin header,
+// the request's own Host, or a match of OriginPatterns) before the request
+// reaches Authorize and the agents, so a refused page hydrates nothing.
+// Accept checks it again with the same patterns.
+func (s *Server) originAllowed(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(r.Host, u.Host) {
+		return true
+	}
+	for _, p := range s.opts.OriginPatterns {
+		target := u.Host
+		if strings.Contains(p, "://") {
+			target = u.Scheme + "://" + u.Host
+		}
+		if ok, err := path.Match(strings.ToLower(p), strings.ToLower(target)); err == nil && ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Close closes every WebSocket with 1001 (the npm client reconnects, which

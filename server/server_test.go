@@ -232,6 +232,12 @@ func TestLifecycleHooks(t *testing.T) {
 	if f := c.expectType(agent.FrameError); f["code"] != "message_failed" || f["error"] != "cannot handle that" {
 		t.Fatalf("OnMessage error answered %v", f)
 	}
+	c.sendRaw(websocket.MessageText, []byte("fail inside"))
+	if f := c.expectType(agent.FrameError); f["code"] != "message_failed" {
+		t.Fatalf("OnMessage error answered %v", f)
+	} else {
+		h.logs.InternalError(t, f["error"].(string), "secret detail", "in=OnMessage")
+	}
 	// Protocol frames do not reach OnMessage.
 	c.ok("echo", 1)
 	h.mu.Lock()
@@ -380,8 +386,9 @@ func TestServerCloseGoingAway(t *testing.T) {
 // A class is reached by its npm kebab-case route only.
 func TestKebabRoute(t *testing.T) {
 	env := testenv.Start(t, testenv.Options{Classes: []agent.Class{{
-		Name: "AIAssistant",
-		New:  func() agent.Agent { return &counter.Counter{} },
+		Name:   "AIAssistant",
+		New:    func() agent.Agent { return &counter.Counter{} },
+		Public: true,
 	}}})
 	c := dial(t, env, "/agents/a-i-assistant/x")
 	id, _ := c.handshake()

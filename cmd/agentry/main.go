@@ -1,6 +1,6 @@
 // Command agentry runs Agentry's demo server.
 //
-//	agentry serve [--addr 127.0.0.1:8787] [--data ./data]
+//	agentry serve [--addr 127.0.0.1:8787] [--data ./data] [--allow-origin app.example.com,…]
 //	agentry chat [--addr 127.0.0.1:8787] [--name default]
 //	agentry runs [--addr 127.0.0.1:8787] [--name default] list|inspect <runId>|cancel <runId>|clear
 package main
@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -62,6 +63,17 @@ commands:
   runs    list, inspect, cancel or clear the Assistant's helper runs`)
 }
 
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func serve(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
 	addr := fs.String("addr", "127.0.0.1:8787", "address to listen on")
@@ -69,6 +81,7 @@ func serve(args []string) error {
 	idle := fs.Duration("idle-timeout", 5*time.Minute, "evict instances idle this long")
 	verbose := fs.Bool("v", false, "log debug records (every observability event)")
 	delay := fs.Duration("delay", 20*time.Millisecond, "delay between the scripted model's streamed chunks")
+	allowOrigin := fs.String("allow-origin", "", "comma-separated browser origins besides the server's own that may open WebSockets (host patterns such as app.example.com or *.example.com; * allows every origin)")
 	fs.Parse(args)
 
 	level := slog.LevelInfo
@@ -85,7 +98,7 @@ func serve(args []string) error {
 		return err
 	}
 	defer db.Close()
-	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay})
+	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay, OriginPatterns: splitList(*allowOrigin)})
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,9 @@ func Classes(o Options) []agent.Class {
 	m := o.Models
 	return []agent.Class{
 		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant} },
-			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns", "inspectHelperRun"}},
+			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns", "inspectHelperRun"}, Public: true},
+		// Researcher and Planner run only as the Assistant's helpers:
+		// clients reach them as its sub-agents, through OnBeforeSubAgent.
 		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher} }},
 		{Name: "Planner", New: func() agent.Agent { return &Planner{model: m.Planner} }},
 	}
@@ -201,7 +203,7 @@ func (a *Assistant) InspectHelperRun(ctx context.Context, runID string) (HelperR
 		return HelperRunDetail{}, err
 	}
 	if !ok {
-		return HelperRunDetail{}, fmt.Errorf("no helper run %q", runID)
+		return HelperRunDetail{}, agent.Publicf("no helper run %q", runID)
 	}
 	insp, err := agenttool.InspectAgentToolRun(ctx, a, runID)
 	if err != nil {

@@ -3,8 +3,10 @@
 package counter
 
 import (
+	"bytes"
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -19,7 +21,8 @@ type State struct {
 
 // Counter is a durable counter. Clients call increment(by), get(),
 // countTo(n) (streaming) and incrementLater(seconds, by) (a durable
-// schedule). It admits child Counters whose names start with "ok-".
+// schedule), and may set the state {count} themselves. It admits child
+// Counters whose names start with "ok-".
 type Counter struct {
 	agent.Base
 }
@@ -30,6 +33,7 @@ func Class() agent.Class {
 		Name:     "Counter",
 		New:      func() agent.Agent { return &Counter{} },
 		Callable: []string{"increment", "get", "countTo", "incrementLater"},
+		Public:   true,
 	}
 }
 
@@ -57,7 +61,7 @@ func (c *Counter) Get(ctx context.Context) (int, error) {
 // CountTo streams 1..n and returns n.
 func (c *Counter) CountTo(ctx context.Context, s *agent.Stream, n int) (int, error) {
 	if n < 0 || n > 10000 {
-		return 0, errors.New("n must be between 0 and 10000")
+		return 0, agent.Publicf("n must be between 0 and 10000")
 	}
 	for i := 1; i <= n; i++ {
 		if err := s.Send(i); err != nil {
@@ -81,6 +85,22 @@ func (c *Counter) IncrementLater(ctx context.Context, seconds float64, by int) (
 func (c *Counter) ScheduledIncrement(ctx context.Context, by int) error {
 	_, err := c.Increment(ctx, by)
 	return err
+}
+
+// ValidateState accepts a state sent by a client (useAgent's setState) when
+// it is exactly a State with a count between -1e9 and 1e9: without this
+// hook the runtime refuses every client state write.
+func (c *Counter) ValidateState(ctx context.Context, next json.RawMessage, from *agent.Conn) error {
+	var s State
+	dec := json.NewDecoder(bytes.NewReader(next))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		return fmt.Errorf("counter state: %w", err)
+	}
+	if s.Count < -1e9 || s.Count > 1e9 {
+		return fmt.Errorf("counter state: count %d out of range", s.Count)
+	}
+	return nil
 }
 
 // OnBeforeSubAgent admits child Counters whose names start with "ok-".

@@ -44,8 +44,9 @@ func Class(o Options) agent.Class {
 	}
 	m := Model(o)
 	return agent.Class{
-		Name: "EchoChat",
-		New:  func() agent.Agent { return &EchoChat{model: m, clock: o.Clock} },
+		Name:   "EchoChat",
+		New:    func() agent.Agent { return &EchoChat{model: m, clock: o.Clock} },
+		Public: true,
 	}
 }
 

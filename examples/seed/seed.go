@@ -54,9 +54,9 @@ func Classes(o Options) []agent.Class {
 	summaryAssistant := SummaryAssistantModel(o)
 	extractor := ExtractorModel(o)
 	return []agent.Class{
-		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: assistant} }, Callable: []string{"compare"}},
+		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: assistant} }, Callable: []string{"compare"}, Public: true},
 		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: researcher} }},
-		{Name: "SummaryAssistant", New: func() agent.Agent { return &SummaryAssistant{model: summaryAssistant} }},
+		{Name: "SummaryAssistant", New: func() agent.Agent { return &SummaryAssistant{model: summaryAssistant} }, Public: true},
 		{Name: "Summarizer", New: func() agent.Agent { return &Summarizer{model: summarizer} }},
 		{Name: "Extractor", New: func() agent.Agent { return &Extractor{model: extractor} }},
 	}
@@ -224,7 +224,7 @@ type Extractor struct {
 
 // OnStart creates the Extractor's table.
 func (e *Extractor) OnStart(ctx context.Context) error {
-	return e.Update(ctx, func(s *agent.SQL) error {
+	return e.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`CREATE TABLE IF NOT EXISTS {extraction_runs} (id TEXT PRIMARY KEY, result_json TEXT NOT NULL)`)
 		return err
 	})
@@ -242,7 +242,7 @@ func (e *Extractor) Tools() []chat.Tool {
 			if err != nil {
 				return "", err
 			}
-			err = e.Update(ctx, func(s *agent.SQL) error {
+			err = e.Storage().Update(ctx, func(s *agent.SQL) error {
 				_, err := s.Exec(`INSERT INTO {extraction_runs} (id, result_json) VALUES (?, ?)`, e.Name(), string(data))
 				return err
 			})
@@ -253,7 +253,7 @@ func (e *Extractor) Tools() []chat.Tool {
 // AgentToolOutput is the seed's getAgentToolOutput.
 func (e *Extractor) AgentToolOutput(ctx context.Context, runID string) (any, error) {
 	var raw string
-	err := e.View(ctx, func(s *agent.SQL) error {
+	err := e.Storage().View(ctx, func(s *agent.SQL) error {
 		return s.QueryRow(`SELECT result_json FROM {extraction_runs} WHERE id = ?`, runID).Scan(&raw)
 	})
 	if err != nil {

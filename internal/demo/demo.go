@@ -34,6 +34,10 @@ type Options struct {
 	IdleTimeout time.Duration
 	// Delay is the scripted models' delay between streamed chunks.
 	Delay time.Duration
+	// OriginPatterns are the other browser origins whose pages may open
+	// WebSockets (server.Options.OriginPatterns); nil allows only the
+	// playground's own origin, "*" every origin.
+	OriginPatterns []string
 	// Models are the agents-as-tools models; nil means
 	// agentsastools.FromEnv(Delay): a real model when the environment
 	// names one, the offline scripted models otherwise.
@@ -80,7 +84,7 @@ func Start(ctx context.Context, o Options) (*Demo, error) {
 		rt.Close()
 		return nil, err
 	}
-	srv := server.New(server.Options{Runtime: rt, NotFound: web.Handler()})
+	srv := server.New(server.Options{Runtime: rt, NotFound: web.Handler(), OriginPatterns: o.OriginPatterns})
 	return &Demo{Runtime: rt, Agents: srv, Provider: provider}, nil
 }
 

@@ -6,6 +6,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -34,6 +35,8 @@ type Options struct {
 	Dir string
 	// Server options (Runtime is filled in).
 	Server server.Options
+	// Logger receives the runtime's logs; nil means slog.Default().
+	Logger *slog.Logger
 	// Setup runs after the runtime is created and before it starts, to
 	// register classes that need the runtime.
 	Setup func(rt *agent.Runtime) error
@@ -66,7 +69,7 @@ func Start(t testing.TB, opts Options) *Env {
 	if idle == 0 {
 		idle = -1
 	}
-	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: opts.Clock, IdleTimeout: idle})
+	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: opts.Clock, IdleTimeout: idle, Logger: opts.Logger})
 	if err != nil {
 		t.Fatal(err)
 	}

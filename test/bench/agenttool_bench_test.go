@@ -146,7 +146,7 @@ func (c *detChild) OnChatMessage(ctx context.Context, t *chat.Turn) error {
 func startToolEnv(b *testing.B, k *toolKit, sendQueue ...int) *benchEnv {
 	b.Helper()
 	return startBenchEnv(b, []agent.Class{
-		{Name: "Assistant", New: func() agent.Agent { return &toolParent{k: k} }, Callable: []string{"runOnce"}},
+		{Name: "Assistant", New: func() agent.Agent { return &toolParent{k: k} }, Callable: []string{"runOnce"}, Public: true},
 		{Name: "Researcher", New: func() agent.Agent { return &toolResearcher{k: k} }},
 		{Name: "Prog", New: func() agent.Agent { return &progChild{k: k, m: progModel()} }},
 		{Name: "DetChild", New: func() agent.Agent { return &detChild{k: k} }},

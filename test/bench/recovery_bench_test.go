@@ -53,7 +53,7 @@ func recovRuntime(ctx context.Context, dir string, clock clockwork.Clock, m *ato
 		db.Close()
 		return nil, nil, err
 	}
-	rt.MustRegister(agent.Class{Name: "RecovParent", New: func() agent.Agent { return &recovParent{} }})
+	rt.MustRegister(agent.Class{Name: "RecovParent", New: func() agent.Agent { return &recovParent{} }, Public: true})
 	rt.MustRegister(agent.Class{Name: "RecovChild", New: func() agent.Agent { return &recovChild{m: m} }})
 	chat.Configure(rt, chat.Config{})
 	agenttool.Install(rt, agenttool.Options{})

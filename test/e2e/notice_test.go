@@ -85,7 +85,7 @@ func TestNoticeDuringTurnAfterReply(t *testing.T) {
 	finish := make(chan struct{})
 	env := testenv.Start(t, testenv.Options{
 		Classes: []agent.Class{{Name: "NoticeChat", New: func() agent.Agent { return &noticeChat{finish: finish} },
-			Callable: []string{"notice", "finish"}}},
+			Callable: []string{"notice", "finish"}, Public: true}},
 		Setup: func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
 	})
 	out := testenv.Node(t, 60*time.Second, "notice.mjs", env.Host, "notice-e2e")

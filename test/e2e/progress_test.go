@@ -103,7 +103,7 @@ func TestDetachedProgress(t *testing.T) {
 	steps := make(chan progStep)
 	env := testenv.Start(t, testenv.Options{
 		Classes: []agent.Class{
-			{Name: "ProgParent", New: func() agent.Agent { return &progParent{steps: steps} }, Callable: []string{"start", "step"}},
+			{Name: "ProgParent", New: func() agent.Agent { return &progParent{steps: steps} }, Callable: []string{"start", "step"}, Public: true},
 			{Name: "ProgWorker", New: func() agent.Agent { return &progWorker{steps: steps} }},
 		},
 		Setup: func(rt *agent.Runtime) error {

@@ -38,7 +38,7 @@ type CrashParent struct {
 func (p *CrashParent) ChatModel() model.Model { return p.model }
 
 func (p *CrashParent) OnStart(ctx context.Context) error {
-	return p.Update(ctx, func(s *agent.SQL) error {
+	return p.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`CREATE TABLE IF NOT EXISTS {on_done_log} (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, status TEXT NOT NULL, summary TEXT)`)
 		return err
 	})
@@ -69,7 +69,7 @@ func (p *CrashParent) Dispatch(ctx context.Context) ([]string, error) {
 // OnDone is the OnFinish method: it logs the delivery in the parent's own
 // table (so exactly-once is checkable) and tells the connections.
 func (p *CrashParent) OnDone(ctx context.Context, run agenttool.Run, res agenttool.Result) error {
-	err := p.Update(ctx, func(s *agent.SQL) error {
+	err := p.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`INSERT INTO {on_done_log} (run_id, status, summary) VALUES (?, ?, ?)`, run.RunID, string(res.Status), res.Summary)
 		return err
 	})
@@ -89,7 +89,7 @@ type Delivery struct {
 // FinishLog returns the OnDone log.
 func (p *CrashParent) FinishLog(ctx context.Context) ([]Delivery, error) {
 	out := []Delivery{}
-	err := p.View(ctx, func(s *agent.SQL) error {
+	err := p.Storage().View(ctx, func(s *agent.SQL) error {
 		rows, err := s.Query(`SELECT run_id, status, COALESCE(summary, '') FROM {on_done_log} ORDER BY id`)
 		if err != nil {
 			return err
@@ -142,7 +142,7 @@ func main() {
 		parentModel := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("Thanks, noted.")})))
 		childModel := scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text(answer)})), scripted.WithDelay(delay))
 		for _, c := range []agent.Class{
-			{Name: "CrashParent", New: func() agent.Agent { return &CrashParent{model: parentModel} }, Callable: []string{"dispatch", "finishLog", "runs"}},
+			{Name: "CrashParent", New: func() agent.Agent { return &CrashParent{model: parentModel} }, Callable: []string{"dispatch", "finishLog", "runs"}, Public: true},
 			{Name: "SlowChild", New: func() agent.Agent { return &SlowChild{model: childModel} }},
 		} {
 			if err := rt.Register(c); err != nil {

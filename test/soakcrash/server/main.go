@@ -227,7 +227,7 @@ func main() {
 			return scripted.Reply{scripted.Text(FinalText(tk))}
 		}), scripted.WithChunkSize(8), scripted.WithDelay(delay))
 		for _, c := range []agent.Class{
-			{Name: "Parent", New: func() agent.Agent { return &Parent{model: parentModel} }, Callable: []string{"ask", "runs"}},
+			{Name: "Parent", New: func() agent.Agent { return &Parent{model: parentModel} }, Callable: []string{"ask", "runs"}, Public: true},
 			{Name: "Worker", New: func() agent.Agent { return &Worker{model: workerModel} }},
 		} {
 			if err := rt.Register(c); err != nil {

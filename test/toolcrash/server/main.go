@@ -67,7 +67,7 @@ type Worker struct {
 }
 
 func (w *Worker) OnStart(ctx context.Context) error {
-	return w.Update(ctx, func(s *agent.SQL) error {
+	return w.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`CREATE TABLE IF NOT EXISTS {steps} (id INTEGER PRIMARY KEY AUTOINCREMENT, n INTEGER NOT NULL)`)
 		return err
 	})
@@ -76,7 +76,7 @@ func (w *Worker) ChatModel() model.Model { return w.model }
 func (w *Worker) MaxSteps() int          { return Steps + 2 }
 func (w *Worker) Tools() []chat.Tool {
 	return []chat.Tool{chat.NewTool("step", "Do one step of the task.", func(ctx context.Context, in stepInput) (string, error) {
-		err := w.Update(ctx, func(s *agent.SQL) error {
+		err := w.Storage().Update(ctx, func(s *agent.SQL) error {
 			_, err := s.Exec(`INSERT INTO {steps} (n) VALUES (?)`, in.N)
 			return err
 		})
@@ -103,7 +103,7 @@ func main() {
 			return scripted.Reply{scripted.Text("All six steps are done; the task is complete.")}
 		}), scripted.WithChunkSize(8), scripted.WithDelay(delay))
 		for _, c := range []agent.Class{
-			{Name: "Boss", New: func() agent.Agent { return &Boss{model: bossModel} }, Callable: []string{"dispatch", "run"}},
+			{Name: "Boss", New: func() agent.Agent { return &Boss{model: bossModel} }, Callable: []string{"dispatch", "run"}, Public: true},
 			{Name: "Worker", New: func() agent.Agent { return &Worker{model: workerModel} }},
 		} {
 			if err := rt.Register(c); err != nil {
