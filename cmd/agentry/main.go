@@ -1,8 +1,10 @@
 // Command agentry runs Agentry's demo server.
 //
-//	agentry serve [--addr 127.0.0.1:8787] [--data ./data]
-//	agentry chat [--addr 127.0.0.1:8787] [--name default]
-//	agentry runs [--addr 127.0.0.1:8787] [--name default] list|inspect <runId>|cancel <runId>|clear
+//	agentry serve [--addr 127.0.0.1:8787] [--data ./data] [--auth-token T]
+//	agentry chat [--addr 127.0.0.1:8787] [--name default] [--token T]
+//	agentry runs [--addr 127.0.0.1:8787] [--name default] [--token T] list|inspect <runId>|cancel <runId>|clear
+//
+// The token flags default to $AGENTRY_AUTH_TOKEN.
 package main
 
 import (
@@ -22,6 +24,10 @@ import (
 	"github.com/agentry/agentry/internal/demo"
 	"github.com/agentry/agentry/store/sqlite"
 )
+
+// tokenEnv is the environment variable the token flags default to: the
+// token serve requires, and the one chat and runs send.
+const tokenEnv = "AGENTRY_AUTH_TOKEN"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -69,7 +75,11 @@ func serve(args []string) error {
 	idle := fs.Duration("idle-timeout", 5*time.Minute, "evict instances idle this long")
 	verbose := fs.Bool("v", false, "log debug records (every observability event)")
 	delay := fs.Duration("delay", 20*time.Millisecond, "delay between the scripted model's streamed chunks")
+	token := fs.String("auth-token", "", "require this token on every agent route (default $"+tokenEnv+")")
 	fs.Parse(args)
+	if *token == "" {
+		*token = os.Getenv(tokenEnv)
+	}
 
 	level := slog.LevelInfo
 	if *verbose {
@@ -85,7 +95,7 @@ func serve(args []string) error {
 		return err
 	}
 	defer db.Close()
-	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay})
+	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay, AuthToken: *token})
 	if err != nil {
 		return err
 	}
@@ -96,7 +106,11 @@ func serve(args []string) error {
 		return err
 	}
 	hs := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "playground", "http://"+ln.Addr().String()+"/", "data", *data)
+	playground := "http://" + ln.Addr().String() + "/"
+	if *token != "" {
+		playground += "#token=<token>"
+	}
+	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "playground", playground, "data", *data, "auth", *token != "")
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
