@@ -6,6 +6,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -34,6 +35,9 @@ type Options struct {
 	Dir string
 	// Server options (Runtime is filled in).
 	Server server.Options
+	// Middleware, when set, wraps the server's handler (an application's
+	// own auth middleware, for example).
+	Middleware func(http.Handler) http.Handler
 	// Setup runs after the runtime is created and before it starts, to
 	// register classes that need the runtime.
 	Setup func(rt *agent.Runtime) error
@@ -86,7 +90,11 @@ func Start(t testing.TB, opts Options) *Env {
 	so := opts.Server
 	so.Runtime = rt
 	srv := server.New(so)
-	hs := httptest.NewServer(srv)
+	var h http.Handler = srv
+	if opts.Middleware != nil {
+		h = opts.Middleware(srv)
+	}
+	hs := httptest.NewServer(h)
 	env := &Env{Dir: dir, DB: db, RT: rt, Server: srv, HTTP: hs, Host: strings.TrimPrefix(hs.URL, "http://")}
 	t.Cleanup(env.Close)
 	return env
