@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -69,26 +70,37 @@ commands:
 }
 
 func serve(args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return serveContext(ctx, args, os.Getenv, os.Stderr, nil)
+}
+
+// serveContext is the serve command: it serves until ctx is done. Logs go
+// to logw; listening, when set, is called with the address once the server
+// accepts connections.
+func serveContext(ctx context.Context, args []string, getenv func(string) string, logw io.Writer, listening func(net.Addr)) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:8787", "address to listen on")
 	data := fs.String("data", "./data", "data folder (SQLite database)")
 	idle := fs.Duration("idle-timeout", 5*time.Minute, "evict instances idle this long")
 	verbose := fs.Bool("v", false, "log debug records (every observability event)")
 	delay := fs.Duration("delay", 20*time.Millisecond, "delay between the scripted model's streamed chunks")
-	token := fs.String("auth-token", "", "require this token on every agent route (default $"+tokenEnv+")")
-	fs.Parse(args)
+	token := fs.String("auth-token", "", "require this token on every agent route; the playground reads it from #token=… (default $"+tokenEnv+")")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
+	}
 	if *token == "" {
-		*token = os.Getenv(tokenEnv)
+		*token = getenv(tokenEnv)
 	}
 
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	logger := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level}))
 
 	db, err := sqlite.Open(ctx, filepath.Join(*data, "agentry.db"))
 	if err != nil {
@@ -113,6 +125,9 @@ func serve(args []string) error {
 	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "playground", playground, "data", *data, "auth", *token != "")
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	if listening != nil {
+		listening(ln.Addr())
+	}
 	select {
 	case err := <-errc:
 		return err
