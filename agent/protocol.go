@@ -84,7 +84,7 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 	}
 	c.SendRaw(emptyMCP)
 	in.mu.Unlock()
-	cctx := WithConn(ctx, c)
+	cctx := WithConn(c.withRequestValues(ctx), c)
 	for _, l := range in.layers {
 		if lc, ok := l.(LayerConnector); ok {
 			lc.LayerConnect(cctx, c)
@@ -116,7 +116,7 @@ func (c *Conn) Disconnect(code int, reason string) {
 	in.mu.Lock()
 	delete(in.conns, c)
 	in.mu.Unlock()
-	cctx := WithConn(in.rt.ctx, c)
+	cctx := WithConn(c.withRequestValues(in.rt.ctx), c)
 	for _, l := range in.layers {
 		if lc, ok := l.(LayerCloser); ok {
 			lc.LayerClose(cctx, c)
@@ -149,7 +149,7 @@ type frameHead struct {
 // (or passed to OnMessage when the agent has one) and the connection goes on.
 func (c *Conn) HandleFrame(ctx context.Context, data []byte) {
 	in := c.inst
-	ctx = WithConn(ctx, c)
+	ctx = WithConn(c.withRequestValues(ctx), c)
 	var head frameHead
 	if err := json.Unmarshal(data, &head); err != nil || head.Type == "" {
 		if h, ok := in.agent.(MessageHandler); ok {
@@ -302,8 +302,9 @@ func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 	}
 	rt := in.rt
 	// The call's context is the runtime's, not the socket's: a call goes
-	// on when the client disconnects, as in the reference.
-	callCtx, cancel := context.WithCancel(rt.ctx)
+	// on when the client disconnects, as in the reference. It has the
+	// values of the request that opened the connection (IdentityFrom).
+	callCtx, cancel := context.WithCancel(c.withRequestValues(rt.ctx))
 	callCtx, leave, err := in.enterFor(ctx, WithConn(callCtx, c))
 	if err != nil {
 		cancel()

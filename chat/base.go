@@ -351,6 +351,11 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	}
 	c.msgs = msgs
 	t := c.newTurn(row, req.origin)
+	if id, ok := agent.IdentityFrom(ctx); ok {
+		// The turn's code (handler, tools, the child runs they start)
+		// runs for the caller who submitted it; not persisted.
+		t.ctx = agent.WithIdentity(t.ctx, id)
+	}
 	c.queue = append(c.queue, t)
 	c.mu.Unlock()
 	// The other connections see the new message before the turn that

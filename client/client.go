@@ -67,6 +67,12 @@ type Options struct {
 	ID string
 	// Header is sent with the WebSocket upgrade and HTTP requests.
 	Header http.Header
+	// Token, when set, is sent as an "Authorization: Bearer <Token>"
+	// header with the WebSocket upgrade and HTTP requests, replacing any
+	// Authorization in Header. It is what `agentry serve --auth-token`
+	// (server.RequireToken) asks for. Browsers, which cannot set headers
+	// on a WebSocket, send Query{"token": …} instead.
+	Token string
 	// HTTPClient performs the upgrade and HTTP requests; nil means
 	// http.DefaultClient.
 	HTTPClient *http.Client
@@ -145,6 +151,14 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	wsURL, httpBase, err := instanceURLs(opts)
 	if err != nil {
 		return nil, fmt.Errorf("client: dial: %w", err)
+	}
+	if opts.Token != "" {
+		h := opts.Header.Clone()
+		if h == nil {
+			h = http.Header{}
+		}
+		h.Set("Authorization", "Bearer "+opts.Token)
+		opts.Header = h
 	}
 	q := url.Values{"_pk": {opts.ID}}
 	for k, vs := range opts.Query {

@@ -37,6 +37,13 @@ type Options struct {
 	// so the npm client stops retrying; for plain HTTP it answers the
 	// *agent.HTTPError's status, or 401.
 	Authorize func(r *http.Request, path agent.Path) error
+	// Authenticate, when set, runs before Authorize on every request and
+	// WebSocket upgrade to an agent and says who the caller is. A non-nil
+	// identity is put in the request's context (agent.WithIdentity), so
+	// Authorize, the parents' OnBeforeSubAgent and every method the
+	// request or its connection runs read it with agent.IdentityFrom. An
+	// error refuses the request as Authorize's does. See docs/security.md.
+	Authenticate func(r *http.Request) (identity any, err error)
 	// MaxFrameBytes limits one client frame; larger frames are discarded
 	// and answered with an error frame. Zero means 1 MiB.
 	MaxFrameBytes int64
@@ -197,15 +204,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return
 	}
-	if s.opts.Authorize != nil {
-		if err := s.opts.Authorize(r, route.Path); err != nil {
-			if isWS {
-				s.refuseSocket(w, r, err)
-			} else {
-				writeHTTPError(w, err, http.StatusUnauthorized)
-			}
-			return
+	r, err = s.admit(r, route.Path)
+	if err != nil {
+		if isWS {
+			s.refuseSocket(w, r, err)
+		} else {
+			writeHTTPError(w, err, http.StatusUnauthorized)
 		}
+		return
 	}
 	// Each parent on the way decides whether its child may be reached.
 	for i := 2; i <= len(route.Path); i++ {
@@ -243,16 +249,18 @@ func setCORS(h http.Header) {
 }
 
 func writeHTTPError(w http.ResponseWriter, err error, status int) {
+	msg := http.StatusText(status)
 	var he *agent.HTTPError
 	if errors.As(err, &he) {
-		msg := he.Message
+		status, msg = he.Status, he.Message
 		if msg == "" {
-			msg = http.StatusText(he.Status)
+			msg = http.StatusText(status)
 		}
-		http.Error(w, msg, he.Status)
-		return
 	}
-	http.Error(w, http.StatusText(status), status)
+	if status == http.StatusUnauthorized && w.Header().Get("WWW-Authenticate") == "" {
+		w.Header().Set("WWW-Authenticate", "Bearer") // RFC 9110: a 401 names a scheme
+	}
+	http.Error(w, msg, status)
 }
 
 // refuseSocket accepts an upgrade only to close it with a code that makes

@@ -30,7 +30,7 @@ const (
 	frameChatMessages = "cf_agent_chat_messages"
 )
 
-const chatUsage = `usage: agentry chat [--addr 127.0.0.1:8787] [--name default]
+const chatUsage = `usage: agentry chat [--addr 127.0.0.1:8787] [--name default] [--token T]
 
 Chat with the Assistant of a running agentry server: every line read from
 standard input is sent as a message. The answer streams as it arrives, and

@@ -1,8 +1,10 @@
 // Command agentry runs Agentry's demo server.
 //
-//	agentry serve [--addr 127.0.0.1:8787] [--data ./data] [--allow-origin app.example.com,…]
-//	agentry chat [--addr 127.0.0.1:8787] [--name default]
-//	agentry runs [--addr 127.0.0.1:8787] [--name default] list|inspect <runId>|cancel <runId>|clear
+//	agentry serve [--addr 127.0.0.1:8787] [--data ./data] [--allow-origin app.example.com,…] [--auth-token T]
+//	agentry chat [--addr 127.0.0.1:8787] [--name default] [--token T]
+//	agentry runs [--addr 127.0.0.1:8787] [--name default] [--token T] list|inspect <runId>|cancel <runId>|clear
+//
+// The token flags default to $AGENTRY_AUTH_TOKEN.
 package main
 
 import (
@@ -10,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,6 +26,10 @@ import (
 	"github.com/agentry/agentry/internal/demo"
 	"github.com/agentry/agentry/store/sqlite"
 )
+
+// tokenEnv is the environment variable the token flags default to: the
+// token serve requires, and the one chat and runs send.
+const tokenEnv = "AGENTRY_AUTH_TOKEN"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -75,30 +82,46 @@ func splitList(v string) []string {
 }
 
 func serve(args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ExitOnError)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return serveContext(ctx, args, os.Getenv, os.Stderr, nil)
+}
+
+// serveContext is the serve command: it serves until ctx is done. Logs go
+// to logw; listening, when set, is called with the address once the server
+// accepts connections.
+func serveContext(ctx context.Context, args []string, getenv func(string) string, logw io.Writer, listening func(net.Addr)) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	addr := fs.String("addr", "127.0.0.1:8787", "address to listen on")
 	data := fs.String("data", "./data", "data folder (SQLite database)")
 	idle := fs.Duration("idle-timeout", 5*time.Minute, "evict instances idle this long")
 	verbose := fs.Bool("v", false, "log debug records (every observability event)")
 	delay := fs.Duration("delay", 20*time.Millisecond, "delay between the scripted model's streamed chunks")
 	allowOrigin := fs.String("allow-origin", "", "comma-separated browser origins besides the server's own that may open WebSockets (host patterns such as app.example.com or *.example.com; * allows every origin)")
-	fs.Parse(args)
+	token := fs.String("auth-token", "", "require this token on every agent route; the playground reads it from #token=… (default $"+tokenEnv+")")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
+	}
+	if *token == "" {
+		*token = getenv(tokenEnv)
+	}
 
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	logger := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level}))
 
 	db, err := sqlite.Open(ctx, filepath.Join(*data, "agentry.db"))
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay, OriginPatterns: splitList(*allowOrigin)})
+	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay,
+		OriginPatterns: splitList(*allowOrigin), AuthToken: *token})
 	if err != nil {
 		return err
 	}
@@ -109,9 +132,16 @@ func serve(args []string) error {
 		return err
 	}
 	hs := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "playground", "http://"+ln.Addr().String()+"/", "data", *data)
+	playground := "http://" + ln.Addr().String() + "/"
+	if *token != "" {
+		playground += "#token=<token>"
+	}
+	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "playground", playground, "data", *data, "auth", *token != "")
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	if listening != nil {
+		listening(ln.Addr())
+	}
 	select {
 	case err := <-errc:
 		return err

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -28,14 +29,16 @@ const timeLayout = "2006-01-02 15:04:05"
 
 // connFlags are the flags every client command takes.
 type connFlags struct {
-	addr string
-	name string
+	addr  string
+	name  string
+	token string
 }
 
-// register adds --addr and --name to fs.
+// register adds --addr, --name and --token to fs.
 func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.addr, "addr", "127.0.0.1:8787", "address of the agentry server (host:port or URL)")
 	fs.StringVar(&c.name, "name", "default", "name of the Assistant instance")
+	fs.StringVar(&c.token, "token", "", "token the server requires (agentry serve --auth-token) (default $"+tokenEnv+")")
 }
 
 // dial connects to the Assistant instance the flags name. opts may set
@@ -46,16 +49,27 @@ func (c *connFlags) dial(ctx context.Context, opts client.Options) (*client.Conn
 		host = "127.0.0.1" + host
 	}
 	opts.Host, opts.Agent, opts.Name = host, assistantClass, c.name
+	opts.Token = c.token
+	if opts.Token == "" {
+		opts.Token = os.Getenv(tokenEnv)
+	}
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
 	conn, err := client.Dial(dctx, opts)
 	if err != nil {
+		if ce := (*client.CloseError)(nil); errors.As(err, &ce) && ce.Code == 4001 {
+			hint := "set --token or $" + tokenEnv
+			if opts.Token != "" {
+				hint = "check --token or $" + tokenEnv
+			}
+			return nil, fmt.Errorf("connect to %s %q at %s: the server refused the token (%s): %w", assistantClass, c.name, c.addr, hint, err)
+		}
 		return nil, fmt.Errorf("connect to %s %q at %s: %w", assistantClass, c.name, c.addr, err)
 	}
 	return conn, nil
 }
 
-const runsUsage = `usage: agentry runs [--addr 127.0.0.1:8787] [--name default] <subcommand>
+const runsUsage = `usage: agentry runs [--addr 127.0.0.1:8787] [--name default] [--token T] <subcommand>
 
 subcommands:
   list             list the Assistant's helper runs

@@ -42,6 +42,11 @@ type Options struct {
 	// agentsastools.FromEnv(Delay): a real model when the environment
 	// names one, the offline scripted models otherwise.
 	Models *agentsastools.Models
+	// AuthToken, when set, is required on every agent route (HTTP and
+	// WebSocket; see server.RequireToken). The playground's static files
+	// stay public: they hold no data, and the page asks for the token (or
+	// reads it from the URL fragment, #token=…) before it calls the API.
+	AuthToken string
 }
 
 // Demo is a started demo runtime and its HTTP handler.
@@ -84,7 +89,11 @@ func Start(ctx context.Context, o Options) (*Demo, error) {
 		rt.Close()
 		return nil, err
 	}
-	srv := server.New(server.Options{Runtime: rt, NotFound: web.Handler(), OriginPatterns: o.OriginPatterns})
+	sopts := server.Options{Runtime: rt, NotFound: web.Handler(), OriginPatterns: o.OriginPatterns}
+	if o.AuthToken != "" {
+		sopts.Authorize = server.RequireToken(o.AuthToken)
+	}
+	srv := server.New(sopts)
 	return &Demo{Runtime: rt, Agents: srv, Provider: provider}, nil
 }
 

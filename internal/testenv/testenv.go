@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -37,6 +38,9 @@ type Options struct {
 	Server server.Options
 	// Logger receives the runtime's logs; nil means slog.Default().
 	Logger *slog.Logger
+	// Middleware, when set, wraps the server's handler (an application's
+	// own auth middleware, for example).
+	Middleware func(http.Handler) http.Handler
 	// Setup runs after the runtime is created and before it starts, to
 	// register classes that need the runtime.
 	Setup func(rt *agent.Runtime) error
@@ -89,7 +93,11 @@ func Start(t testing.TB, opts Options) *Env {
 	so := opts.Server
 	so.Runtime = rt
 	srv := server.New(so)
-	hs := httptest.NewServer(srv)
+	var h http.Handler = srv
+	if opts.Middleware != nil {
+		h = opts.Middleware(srv)
+	}
+	hs := httptest.NewServer(h)
 	env := &Env{Dir: dir, DB: db, RT: rt, Server: srv, HTTP: hs, Host: strings.TrimPrefix(hs.URL, "http://")}
 	t.Cleanup(env.Close)
 	return env

@@ -66,13 +66,21 @@ func serve(t *testing.T, delay time.Duration) string {
 // serveModels starts the demo server with the given models.
 func serveModels(t *testing.T, models *agentsastools.Models) string {
 	t.Helper()
+	return serveDemo(t, demo.Options{Models: models})
+}
+
+// serveDemo starts the demo server with o (DB, Logger and IdleTimeout are
+// filled in).
+func serveDemo(t *testing.T, o demo.Options) string {
+	t.Helper()
 	ctx := context.Background()
 	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: -1, Models: models})
+	o.DB, o.Logger, o.IdleTimeout = db, logger, -1
+	d, err := demo.Start(ctx, o)
 	if err != nil {
 		db.Close()
 		t.Fatal(err)
@@ -137,6 +145,28 @@ func TestPlayground(t *testing.T) {
 		t.Fatalf("playground.mjs: %v\n%s", err, out.String())
 	}
 	t.Logf("playground.mjs:\n%s", out.String())
+}
+
+// TestPlaygroundToken runs token.mjs against a demo server that requires
+// a token (`agentry serve --auth-token`): the page takes it from the URL
+// fragment (and drops it from the address bar), chats, keeps it over a
+// reload; a tab without it is refused and asks for it, refuses a wrong
+// one, and works with the right one.
+func TestPlaygroundToken(t *testing.T) {
+	requireBrowser(t)
+	const token = "browser-s3cret"
+	base := serveDemo(t, demo.Options{Models: agentsastools.Offline(5*time.Millisecond, nil), AuthToken: token})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "token.mjs", base, token, t.TempDir())
+	cmd.Dir = dir()
+	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath, "CHROMIUM_USER_DATA_DIR="+t.TempDir())
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "PASS token") {
+		t.Fatalf("token.mjs: %v\n%s", err, out)
+	}
+	t.Logf("token.mjs:\n%s", out)
 }
 
 // TestDocsScreenshot retakes docs/playground.png, the README's picture of

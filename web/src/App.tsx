@@ -9,7 +9,7 @@ import { useAgent, useAgentToolEvents } from "agents/react";
 import { useAgentChat } from "@cloudflare/ai-chat/react";
 import { Composer, MessageView } from "./chat";
 import { Avatar, BackgroundRuns, DRILLABLE, runLabel, StatusBadge, type Run } from "./helpers";
-import { socketProtocol, useInstanceName } from "./instance";
+import { REFUSED, socketProtocol, usePageAddress } from "./instance";
 import { previewInput, type Part } from "./parts";
 
 type Connection = "connecting" | "connected" | "disconnected";
@@ -21,35 +21,98 @@ const SUGGESTIONS = [
   "Research the history of TLS, don't wait",
 ];
 
+// The query every socket sends: the token a server started with
+// `agentry serve --auth-token` requires. useAgentChat's history request
+// (get-messages) carries the socket's query, so it needs nothing else.
+type Query = { token: string } | undefined;
+
 export function App() {
-  const name = useInstanceName();
-  // A new instance name is a new page: fresh sockets, fresh state.
-  return <Playground key={name} name={name} />;
+  const { name, token, setToken } = usePageAddress();
+  const [refused, setRefused] = useState(false);
+  const query = useMemo<Query>(() => (token ? { token } : undefined), [token]);
+  const onRefused = useCallback(() => setRefused(true), []);
+  if (refused) {
+    return (
+      <TokenPrompt
+        hadToken={token !== ""}
+        onSubmit={(t) => {
+          setToken(t);
+          setRefused(false);
+        }}
+      />
+    );
+  }
+  // A new instance name or token is a new page: fresh sockets, fresh state.
+  return <Playground key={`${name}\n${token}`} name={name} query={query} onRefused={onRefused} />;
 }
 
-function useMainAgent(name: string) {
+// TokenPrompt asks for the token after the server refused the socket.
+function TokenPrompt({ hadToken, onSubmit }: { hadToken: boolean; onSubmit: (token: string) => void }) {
+  const [value, setValue] = useState("");
+  return (
+    <div className="app">
+      <header className="topbar">
+        <div className="brand">
+          <span className="logo">◆</span> Agentry <span className="brand-sub">playground</span>
+        </div>
+      </header>
+      <form
+        className="token-prompt"
+        data-testid="token-prompt"
+        onSubmit={(e) => {
+          e.preventDefault();
+          if (value.trim() !== "") onSubmit(value.trim());
+        }}
+      >
+        <h1>{hadToken ? "The server refused the token" : "This server requires a token"}</h1>
+        <p className="muted">
+          Enter the token it was started with (<code>agentry serve --auth-token</code>). It stays in this tab. A link can
+          carry it too: <code>/#token=…</code>.
+        </p>
+        <input
+          type="password"
+          data-testid="token-input"
+          aria-label="Token"
+          autoComplete="off"
+          autoFocus
+          value={value}
+          onChange={(e) => setValue(e.target.value)}
+        />
+        <button type="submit" className="btn btn-primary" data-testid="token-submit" disabled={value.trim() === ""}>
+          Connect
+        </button>
+      </form>
+    </div>
+  );
+}
+
+function useMainAgent(name: string, query: Query, onRefused: () => void) {
   const [connection, setConnection] = useState<Connection>("connecting");
   const agent = useAgent({
     agent: "Assistant",
     name,
+    query,
     protocol: socketProtocol,
     onOpen: () => setConnection("connected"),
-    onClose: () => setConnection("disconnected"),
+    onClose: (e: CloseEvent) => {
+      setConnection("disconnected");
+      if (e.code === REFUSED) onRefused();
+    },
   });
   return { agent, connection };
 }
 
 export type MainAgent = ReturnType<typeof useMainAgent>["agent"];
 
-function Playground({ name }: { name: string }) {
-  const { agent, connection } = useMainAgent(name);
+function Playground({ name, query, onRefused }: { name: string; query: Query; onRefused: () => void }) {
+  const { agent, connection } = useMainAgent(name, query, onRefused);
   // Mounted with the socket, outside the Suspense boundary of the chat, so
   // the replay the server pushes on connect is never missed.
   const tools = useAgentToolEvents<Part>({ agent });
   return (
     <div className="app">
       <Suspense fallback={<Shell name={name} connection={connection} body={<p className="muted center">Loading the transcript…</p>} />}>
-        <ChatPage name={name} agent={agent} connection={connection} tools={tools} />
+        <ChatPage name={name} query={query} agent={agent} connection={connection} tools={tools} />
       </Suspense>
     </div>
   );
@@ -81,11 +144,13 @@ function Shell({ name, connection, body, onClear, canClear }: { name: string; co
 
 function ChatPage({
   name,
+  query,
   agent,
   connection,
   tools,
 }: {
   name: string;
+  query: Query;
   agent: MainAgent;
   connection: Connection;
   tools: ReturnType<typeof useAgentToolEvents<Part>>;
@@ -190,7 +255,7 @@ function ChatPage({
             />
           </main>
           <BackgroundRuns runs={background} cancelling={cancelling} onCancel={cancel} onDrillIn={openDrill} />
-          {drillRun && <DrillIn key={drillRun.runId} name={name} run={drillRun} onClose={() => setDrill(null)} />}
+          {drillRun && <DrillIn key={drillRun.runId} name={name} query={query} run={drillRun} onClose={() => setDrill(null)} />}
         </div>
       }
     />
@@ -219,10 +284,11 @@ function Empty({ onPick }: { onPick: (text: string) => void }) {
 
 // The helper's own chat, reached through the parent:
 // /agents/assistant/{name}/sub/{kebab(agentType)}/{runId}.
-function DrillIn({ name, run, onClose }: { name: string; run: Run; onClose: () => void }) {
+function DrillIn({ name, query, run, onClose }: { name: string; query: Query; run: Run; onClose: () => void }) {
   const child = useAgent({
     agent: "Assistant",
     name,
+    query,
     sub: [{ agent: run.subAgent.agent, name: run.subAgent.name }],
     protocol: socketProtocol,
   });

@@ -1,0 +1,89 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"net/http"
+	"strings"
+
+	"github.com/agentry/agentry/agent"
+)
+
+// admit runs the Authenticate and Authorize hooks on a request to path.
+// It returns the request to serve: r with the caller's identity in its
+// context when Authenticate gave one.
+func (s *Server) admit(r *http.Request, path agent.Path) (*http.Request, error) {
+	if s.opts.Authenticate != nil {
+		id, err := s.opts.Authenticate(r)
+		if err != nil {
+			return r, err
+		}
+		if id != nil {
+			r = r.WithContext(agent.WithIdentity(r.Context(), id))
+		}
+	}
+	if s.opts.Authorize != nil {
+		if err := s.opts.Authorize(r, path); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// TokenQueryParam is the query parameter RequireToken reads a token from:
+// what the npm clients send with useAgent({query: {token}}) or
+// new AgentClient({query: {token}}), since a browser WebSocket cannot set
+// headers.
+const TokenQueryParam = "token"
+
+// errBadToken is RequireToken's refusal: a 401 for HTTP, and for a
+// WebSocket the default refusal, close 4001, on which the npm client stops
+// reconnecting.
+var errBadToken = &agent.HTTPError{Status: http.StatusUnauthorized, Message: "missing or wrong token"}
+
+// RequireToken returns an Authorize hook that admits only the requests
+// that carry token, either as an "Authorization: Bearer <token>" header or
+// as the token query parameter (TokenQueryParam). The npm clients' chat
+// history request (get-messages) carries the socket's query, so a client
+// that connects with useAgent({query: {token}}) needs nothing else. Tokens
+// are compared in constant time, their lengths included.
+//
+// It panics if token is empty. To combine it with a hook of your own, call
+// it first:
+//
+//	check := server.RequireToken(token)
+//	opts.Authorize = func(r *http.Request, p agent.Path) error {
+//		if err := check(r, p); err != nil {
+//			return err
+//		}
+//		return mine(r, p)
+//	}
+func RequireToken(token string) func(r *http.Request, path agent.Path) error {
+	if token == "" {
+		panic("server: RequireToken with an empty token")
+	}
+	want := sha256.Sum256([]byte(token))
+	match := func(got string) bool {
+		sum := sha256.Sum256([]byte(got))
+		return subtle.ConstantTimeCompare(sum[:], want[:]) == 1
+	}
+	return func(r *http.Request, _ agent.Path) error {
+		if got, ok := bearer(r.Header.Get("Authorization")); ok && match(got) {
+			return nil
+		}
+		if got := r.URL.Query().Get(TokenQueryParam); got != "" && match(got) {
+			return nil
+		}
+		return errBadToken
+	}
+}
+
+// bearer returns the token of an "Authorization: Bearer <token>" header.
+func bearer(h string) (string, bool) {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
