@@ -263,13 +263,13 @@ func (t *writeTx) refuse(err error) {
 // open rows are closed, its later statements fail, and await returns
 // ErrStalled so that the batch rolls it back and goes on.
 func (w *writer) await(t *writeTx, members []*writeTx) error {
+	seen := w.cc.calls.Load()
 	close(t.turn)
 	if w.stall <= 0 {
 		return <-t.done
 	}
 	timer := w.clock.NewTimer(w.stall)
 	defer timer.Stop()
-	seen := w.cc.calls.Load()
 	for {
 		select {
 		case err := <-t.done:
