@@ -41,8 +41,8 @@ type writeTx struct {
 	// refused, set before turn is closed, is why the callback must not run
 	// (the batch could not begin or was lost before its turn).
 	refused error
-	done  chan error    // the callback's outcome, from the caller (buffered)
-	res   chan error    // the transaction's result, from the committer (buffered)
+	done    chan error // the callback's outcome, from the caller (buffered)
+	res     chan error // the transaction's result, from the committer (buffered)
 }
 
 // writer is the single SQLite writer connection and its committer
