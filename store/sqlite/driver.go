@@ -182,7 +182,16 @@ func (c *cachingConn) Prepare(query string) (driver.Stmt, error) {
 // Begin is database/sql's transaction; this package runs BEGIN, SAVEPOINT
 // and COMMIT as statements instead.
 func (c *cachingConn) Begin() (driver.Tx, error) {
-	return c.inner.Begin() //nolint:staticcheck // the inner driver's own
+	return c.BeginTx(context.Background(), driver.TxOptions{})
+}
+
+// BeginTx is the inner driver's.
+func (c *cachingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	b, ok := c.inner.(driver.ConnBeginTx)
+	if !ok {
+		return nil, errors.New("sqlite: driver connection has no BeginTx")
+	}
+	return b.BeginTx(ctx, opts)
 }
 
 // Close finalizes the cached statements and closes the connection.
