@@ -227,8 +227,20 @@ func (rt *Runtime) Context() context.Context { return rt.ctx }
 
 // Go runs fn in a goroutine that Close waits for. fn should return when ctx
 // (the runtime's context) is canceled.
+//
+// Once Close has begun, fn still runs in a goroutine, with the canceled
+// context, but Close does not wait for it: a WaitGroup must not grow from
+// zero while Close waits on it (a run's watcher started during Close was a
+// data race).
 func (rt *Runtime) Go(fn func(ctx context.Context)) {
+	rt.mu.Lock()
+	if rt.closed {
+		rt.mu.Unlock()
+		go fn(rt.ctx)
+		return
+	}
 	rt.wg.Add(1)
+	rt.mu.Unlock()
 	go func() {
 		defer rt.wg.Done()
 		fn(rt.ctx)

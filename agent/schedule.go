@@ -413,7 +413,6 @@ func (s *scheduler) run(sc Schedule, key string) {
 		attrs["error"] = callErr.Error()
 		rt.log.Error("schedule callback failed", "agent", key, "method", sc.Method, "err", callErr)
 	}
-	rt.diag.Publish(diag.ChannelSchedule, "fire", key, attrs)
 
 	var next time.Time
 	switch sc.Kind {
@@ -436,6 +435,9 @@ func (s *scheduler) run(sc Schedule, key string) {
 	if err != nil && ctx.Err() == nil {
 		rt.log.Error("scheduler: finish schedule", "id", sc.ID, "err", err)
 	}
+	// After the row's update: an observer of "fire" sees the schedule as
+	// the firing left it (deleted or moved to its next due time).
+	rt.diag.Publish(diag.ChannelSchedule, "fire", key, attrs)
 }
 
 // layerSchedulePrefix marks schedules owned by a framework layer rather

@@ -21,7 +21,12 @@ import (
 // DB is a transactional database shared by all agent instances.
 type DB interface {
 	// Update runs fn in a read-write transaction and commits it when fn
-	// returns nil. A committed transaction survives a crash of the process.
+	// returns nil; it returns once the commit is durable (a committed
+	// transaction survives a crash of the process), or fn's error with
+	// fn's writes rolled back. An implementation may commit several
+	// concurrent Update transactions together (store/sqlite does), each
+	// still all or nothing. fn holds the single writer: it must not call
+	// Update itself, nor wait for anything that waits for the writer.
 	Update(ctx context.Context, fn func(Tx) error) error
 	// View runs fn in a read-only transaction.
 	View(ctx context.Context, fn func(Tx) error) error

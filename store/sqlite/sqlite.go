@@ -2,6 +2,54 @@
 // modernc.org/sqlite: one database file in WAL mode with synchronous=NORMAL,
 // a single writer connection (so writers queue in Go rather than spin on
 // SQLITE_BUSY) and a small pool of readers.
+//
+// # Prepared statements
+//
+// Every connection keeps its prepared statements, up to
+// Options.StatementCache of them, least recently used out first, so a
+// statement is parsed once per connection rather than on every call.
+// Statements run with a context that cannot be cancelled, so the driver
+// starts no goroutine to watch one.
+//
+// # Group commit
+//
+// Update transactions queue for the writer. A committer goroutine gives
+// the writer to each in turn — the callback runs on its caller's goroutine —
+// and puts the ones queued by the time the one before ends into the same
+// SQLite transaction, each after the first inside a SAVEPOINT of its own:
+// BEGIN IMMEDIATE, fn₁, SAVEPOINT, fn₂, RELEASE, …, COMMIT. A callback that
+// fails (or panics) is rolled back to its savepoint and the others go on.
+// Every Update returns only after the COMMIT that holds its writes returned,
+// so nothing reports durable state early; a failing COMMIT fails each
+// transaction of its batch. A batch is bounded by Options.MaxBatch
+// transactions, MaxBatchBytes bytes of statement arguments and MaxBatchTime
+// from its BEGIN; it never waits for transactions to come, so a lone
+// Update costs what it did without grouping.
+//
+// # What cancels what
+//
+//   - The context given to Update or View ends the wait for the writer or a
+//     reader: a transaction whose callback has not started returns the
+//     context's error and writes nothing.
+//   - The context given to a statement (Tx.Exec, Query, QueryRow) is checked
+//     before the statement starts: a done context fails it, so a callback
+//     that goes on after its context ended fails and is rolled back whole.
+//     A statement that has started is never interrupted (interrupting one
+//     would roll back the whole SQLite transaction, and with it the other
+//     transactions of its batch).
+//   - Once the callback returned nil, the commit is not cancellable: Update
+//     waits for it and reports its real outcome, never "cancelled" for a
+//     transaction that may have committed.
+//
+// # Callbacks that wait
+//
+// An Update callback holds the writer, and with group commit the
+// transactions before it in its batch wait for it too. A callback must not
+// call Update itself, nor wait for something that waits for the writer. If
+// one does, the stall watchdog ends the deadlock: a callback that made no
+// call on its connection for Options.StallTimeout while others waited is
+// rolled back, its later statements fail, and its Update returns
+// ErrStalled; the others go on.
 package sqlite
 
 import (
@@ -12,25 +60,123 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/store"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
 
+// Options tune Open. The zero value gives the defaults.
+type Options struct {
+	// MaxBatch bounds the Update transactions that share one commit
+	// (default 64).
+	MaxBatch int
+	// MaxBatchBytes bounds the bytes of string and blob arguments, summed
+	// over the statements of one batch, after which it commits (default 4 MiB).
+	MaxBatchBytes int
+	// MaxBatchTime bounds how long a batch takes new transactions in, from
+	// its BEGIN (default 20 ms).
+	MaxBatchTime time.Duration
+	// StallTimeout is how long a write callback may sit idle while others
+	// wait before it is rolled back with ErrStalled (default 2 s; negative:
+	// never).
+	StallTimeout time.Duration
+	// StatementCache is the number of prepared statements kept per
+	// connection (default 256; negative: none).
+	StatementCache int
+	// Readers is the number of reader connections (default GOMAXPROCS, at
+	// least 2).
+	Readers int
+	// Clock times the batches and the stall watchdog (default: the real clock).
+	Clock clockwork.Clock
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 64
+	}
+	if o.MaxBatchBytes <= 0 {
+		o.MaxBatchBytes = 4 << 20
+	}
+	if o.MaxBatchTime <= 0 {
+		o.MaxBatchTime = 20 * time.Millisecond
+	}
+	if o.StallTimeout == 0 {
+		o.StallTimeout = 2 * time.Second
+	}
+	if o.StatementCache == 0 {
+		o.StatementCache = 256
+	}
+	if o.Readers <= 0 {
+		o.Readers = max(2, runtime.GOMAXPROCS(0))
+	}
+	if o.Clock == nil {
+		o.Clock = clockwork.NewRealClock()
+	}
+	return o
+}
+
 // DB is a store.DB backed by one SQLite file.
 type DB struct {
 	writer *sql.DB
 	reader *sql.DB
 	path   string
+	w      *writer
+	stats  counters
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 var _ store.DB = (*DB)(nil)
 
-// Open opens (creating if needed) the database at path. A path of ":memory:"
-// is not supported, since readers and the writer must share one database;
-// use a file in a temporary folder instead.
+// Stats counts what a DB did since Open, for benchmarks.
+type Stats struct {
+	// Updates is the number of Update callbacks that ran.
+	Updates int64
+	// Committed is the number of Update transactions committed.
+	Committed int64
+	// Commits is the number of SQLite COMMITs of the writer: one per batch.
+	Commits int64
+	// Views is the number of View transactions.
+	Views int64
+	// Statements is the number of statements the callbacks ran (Exec,
+	// Query, QueryRow), without BEGIN, SAVEPOINT and COMMIT.
+	Statements int64
+	// Prepares is the number of statements prepared (parsed): the misses
+	// of the statement caches.
+	Prepares int64
+	// Stalled is the number of transactions the stall watchdog rolled back.
+	Stalled int64
+}
+
+type counters struct {
+	updates, committed, commits, views, statements, prepares, stalled atomic.Int64
+}
+
+// Stats returns the counters.
+func (db *DB) Stats() Stats {
+	s := &db.stats
+	return Stats{Updates: s.updates.Load(), Committed: s.committed.Load(), Commits: s.commits.Load(),
+		Views: s.views.Load(), Statements: s.statements.Load(), Prepares: s.prepares.Load(),
+		Stalled: s.stalled.Load()}
+}
+
+// Open opens (creating if needed) the database at path with the default
+// Options. A path of ":memory:" is not supported, since readers and the
+// writer must share one database; use a file in a temporary folder instead.
 func Open(ctx context.Context, path string) (*DB, error) {
+	return OpenOptions(ctx, path, Options{})
+}
+
+// OpenOptions is Open with options.
+func OpenOptions(ctx context.Context, path string, opts Options) (*DB, error) {
+	opts = opts.withDefaults()
 	if dir := filepath.Dir(path); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("sqlite: create data folder: %w", err)
@@ -46,29 +192,45 @@ func Open(ctx context.Context, path string) (*DB, error) {
 	} {
 		pragmas.Add("_pragma", p)
 	}
-	writerDSN := "file:" + path + "?" + pragmas.Encode() + "&_txlock=immediate"
+	writerDSN := "file:" + path + "?" + pragmas.Encode()
 	readerDSN := "file:" + path + "?" + pragmas.Encode() + "&mode=ro"
 
-	writer, err := sql.Open("sqlite", writerDSN)
+	db := &DB{path: path}
+	// The driver modernc.org/sqlite registered (with its package-level
+	// functions and hooks); sql.Open connects nothing.
+	reg, err := sql.Open("sqlite", "")
 	if err != nil {
+		return nil, fmt.Errorf("sqlite: driver: %w", err)
+	}
+	drv := reg.Driver()
+	reg.Close()
+	db.writer = sql.OpenDB(&connector{dsn: writerDSN, drv: drv, cache: opts.StatementCache, stats: &db.stats})
+	db.writer.SetMaxOpenConns(1)
+	db.writer.SetMaxIdleConns(1)
+	db.writer.SetConnMaxLifetime(0)
+	conn, err := db.writer.Conn(ctx)
+	if err == nil {
+		err = conn.PingContext(ctx)
+	}
+	if err != nil {
+		if conn != nil {
+			conn.Close()
+		}
+		db.writer.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
-	writer.SetMaxOpenConns(1)
-	writer.SetMaxIdleConns(1)
-	writer.SetConnMaxLifetime(0)
-	if err := writer.PingContext(ctx); err != nil {
-		writer.Close()
-		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
-	}
-	reader, err := sql.Open("sqlite", readerDSN)
-	if err != nil {
-		writer.Close()
-		return nil, fmt.Errorf("sqlite: open %s for reading: %w", path, err)
-	}
-	n := max(2, runtime.GOMAXPROCS(0))
-	reader.SetMaxOpenConns(n)
-	reader.SetMaxIdleConns(n)
-	return &DB{writer: writer, reader: reader, path: path}, nil
+	var cc *cachingConn
+	conn.Raw(func(dc any) error { cc = dc.(*cachingConn); return nil })
+	db.reader = sql.OpenDB(&connector{dsn: readerDSN, drv: drv, cache: opts.StatementCache, stats: &db.stats})
+	db.reader.SetMaxOpenConns(opts.Readers)
+	db.reader.SetMaxIdleConns(opts.Readers)
+	db.reader.SetConnMaxLifetime(0)
+	db.w = &writer{db: db, conn: conn, cc: cc, queue: make(chan *writeTx, 4096),
+		stop: make(chan struct{}), exited: make(chan struct{}),
+		clock: opts.Clock, maxBatch: opts.MaxBatch, maxBytes: opts.MaxBatchBytes,
+		maxTime: opts.MaxBatchTime, stall: opts.StallTimeout}
+	go db.w.loop()
+	return db, nil
 }
 
 // Path returns the database file's path.
@@ -77,60 +239,175 @@ func (db *DB) Path() string { return db.path }
 // Dialect returns "sqlite".
 func (db *DB) Dialect() string { return "sqlite" }
 
-// Update runs fn in a write transaction (BEGIN IMMEDIATE) and commits it.
+// Update runs fn in a write transaction, grouped with the Update
+// transactions queued at the same moment into one SQLite commit (see the
+// package comment), and returns once that commit returned: nil when fn's
+// writes are durable, fn's error when fn failed (its writes rolled back).
 func (db *DB) Update(ctx context.Context, fn func(store.Tx) error) error {
-	return runTx(ctx, db.writer, false, fn)
+	return db.w.update(ctx, fn)
 }
 
 // View runs fn in a read-only transaction on a reader connection.
-func (db *DB) View(ctx context.Context, fn func(store.Tx) error) error {
-	return runTx(ctx, db.reader, true, fn)
-}
-
-func runTx(ctx context.Context, pool *sql.DB, readOnly bool, fn func(store.Tx) error) (err error) {
-	tx, err := pool.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
+func (db *DB) View(ctx context.Context, fn func(store.Tx) error) (err error) {
+	conn, err := db.reader.Conn(ctx)
 	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("sqlite: reader: %w", err)
+	}
+	defer conn.Close()
+	bg := context.Background()
+	if _, err := conn.ExecContext(bg, "BEGIN"); err != nil {
 		return fmt.Errorf("sqlite: begin: %w", err)
 	}
+	db.stats.views.Add(1)
+	t := &tx{db: db, conn: conn}
 	defer func() {
+		t.closeRows()
 		if p := recover(); p != nil {
-			tx.Rollback()
+			conn.ExecContext(bg, "ROLLBACK")
 			panic(p)
 		}
 	}()
-	if err := fn(txn{tx}); err != nil {
-		tx.Rollback()
+	if err := fn(t); err != nil {
+		t.closeRows()
+		conn.ExecContext(bg, "ROLLBACK")
 		return err
 	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlite: commit: %w", err)
+	t.closeRows()
+	if _, err := conn.ExecContext(bg, "COMMIT"); err != nil {
+		conn.ExecContext(bg, "ROLLBACK")
+		return fmt.Errorf("sqlite: end read transaction: %w", err)
 	}
 	return nil
 }
 
-// Close closes both connection pools.
+// Close waits for the write transaction in progress, fails the queued ones
+// with ErrClosed, and closes every connection.
 func (db *DB) Close() error {
-	rerr := db.reader.Close()
-	werr := db.writer.Close()
-	if werr != nil {
-		return fmt.Errorf("sqlite: close: %w", werr)
+	db.closeOnce.Do(func() {
+		close(db.w.stop)
+		<-db.w.exited
+		db.w.conn.Close()
+		rerr := db.reader.Close()
+		werr := db.writer.Close()
+		if werr != nil {
+			db.closeErr = fmt.Errorf("sqlite: close: %w", werr)
+		} else if rerr != nil {
+			db.closeErr = fmt.Errorf("sqlite: close: %w", rerr)
+		}
+	})
+	return db.closeErr
+}
+
+// tx is the store.Tx of a View or an Update callback.
+type tx struct {
+	db    *DB
+	conn  *sql.Conn
+	write bool
+
+	mu      sync.Mutex // held by each statement, and by the stall watchdog's abort
+	aborted bool       // the watchdog rolled this transaction back
+	rows    []*sql.Rows
+	bytes   int // of string and blob arguments
+}
+
+// begin checks that a statement may start; the caller holds t.mu.
+func (t *tx) begin(ctx context.Context, args []any) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
-	if rerr != nil {
-		return fmt.Errorf("sqlite: close: %w", rerr)
+	if t.aborted {
+		return ErrStalled
+	}
+	t.db.stats.statements.Add(1)
+	if t.write {
+		for _, a := range args {
+			switch v := a.(type) {
+			case string:
+				t.bytes += len(v)
+			case []byte:
+				t.bytes += len(v)
+			default:
+				t.bytes += 8
+			}
+		}
 	}
 	return nil
 }
 
-type txn struct{ tx *sql.Tx }
-
-func (t txn) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	return t.tx.ExecContext(ctx, q, args...)
+func (t *tx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.begin(ctx, args); err != nil {
+		return nil, err
+	}
+	return t.conn.ExecContext(context.Background(), q, args...)
 }
 
-func (t txn) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	return t.tx.QueryContext(ctx, q, args...)
+func (t *tx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.begin(ctx, args); err != nil {
+		return nil, err
+	}
+	rows, err := t.conn.QueryContext(context.Background(), q, args...)
+	if err == nil {
+		t.rows = append(t.rows, rows)
+	}
+	return rows, err
 }
 
-func (t txn) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
-	return t.tx.QueryRowContext(ctx, q, args...)
+func (t *tx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.begin(ctx, args); err != nil {
+		// A *sql.Row can only be made by database/sql: a context that is
+		// already done carries err to its Scan.
+		return t.conn.QueryRowContext(failedContext{err}, q)
+	}
+	return t.conn.QueryRowContext(context.Background(), q, args...)
+}
+
+// closeRows closes the rows the callback left open.
+func (t *tx) closeRows() {
+	t.mu.Lock()
+	rows := t.rows
+	t.rows = nil
+	t.mu.Unlock()
+	for _, r := range rows {
+		r.Close()
+	}
+}
+
+// abort marks t rolled back by the watchdog and closes its open rows, if
+// idle (checked under t.mu, so no statement of t is running) still holds.
+func (t *tx) abort(idle func() bool) bool {
+	t.mu.Lock()
+	if !idle() {
+		t.mu.Unlock()
+		return false
+	}
+	t.aborted = true
+	rows := t.rows
+	t.rows = nil
+	t.mu.Unlock()
+	for _, r := range rows {
+		r.Close()
+	}
+	return true
+}
+
+// failedContext is a done context whose Err is a given error.
+type failedContext struct{ err error }
+
+func (failedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (failedContext) Value(any) any               { return nil }
+func (c failedContext) Err() error                { return c.err }
+
+func (failedContext) Done() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }

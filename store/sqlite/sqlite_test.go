@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,7 +14,12 @@ import (
 	"github.com/agentry/agentry/store/sqlite"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if path := os.Getenv(crashEnv); path != "" {
+		crashHelper(path) // never returns
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func open(t *testing.T, path string) *sqlite.DB {
 	t.Helper()

@@ -17,6 +17,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/store/sqlite"
 )
 
 // The agent-tool benchmarks mirror /work/shared/bench/cf-reference: the
@@ -202,6 +203,7 @@ func benchAwaitedDirect(b *testing.B, workers int) {
 	}
 	lat := make([]time.Duration, b.N)
 	u0 := e.db.updates.Load()
+	s0 := e.sq.Stats()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -232,6 +234,17 @@ func benchAwaitedDirect(b *testing.B, workers int) {
 	reportPercentiles(b, lat, "run", "ms", 50, 95, 99)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "runs/s")
 	b.ReportMetric(float64(e.db.updates.Load()-u0)/float64(b.N), "tx/run")
+	reportStoreStats(b, e, s0, b.N)
+}
+
+// reportStoreStats reports the SQLite store's counters since s0 per run:
+// read transactions, commits (one per group of write transactions) and
+// statements prepared.
+func reportStoreStats(b *testing.B, e *benchEnv, s0 sqlite.Stats, runs int) {
+	s := e.sq.Stats()
+	b.ReportMetric(float64(s.Views-s0.Views)/float64(runs), "views/run")
+	b.ReportMetric(float64(s.Commits-s0.Commits)/float64(runs), "commits/run")
+	b.ReportMetric(float64(s.Prepares-s0.Prepares)/float64(runs), "prepares/run")
 }
 
 func benchAwaitedRPC(b *testing.B) {
@@ -305,6 +318,7 @@ func benchFanOut(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	lat := make([]time.Duration, b.N)
+	u0, s0 := e.db.updates.Load(), e.sq.Stats()
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
@@ -323,6 +337,8 @@ func benchFanOut(b *testing.B, n int) {
 	}
 	reportPercentiles(b, lat, "all-done", "ms", 50, 95)
 	b.ReportMetric(float64(n*b.N)/sum.Seconds(), "runs/s")
+	b.ReportMetric(float64(e.db.updates.Load()-u0)/float64(n*b.N), "tx/run")
+	reportStoreStats(b, e, s0, n*b.N)
 }
 
 // ---------------------------------------------------------------------------

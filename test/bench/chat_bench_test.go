@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,7 +62,7 @@ type benchEnv struct {
 func startBenchEnv(b *testing.B, classes []agent.Class, agentTools bool, sendQueue ...int) *benchEnv {
 	b.Helper()
 	ctx := context.Background()
-	sq, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "agentry.db"))
+	sq, err := sqlite.OpenOptions(ctx, filepath.Join(b.TempDir(), "agentry.db"), benchStoreOptions(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -96,6 +98,23 @@ func startBenchEnv(b *testing.B, classes []agent.Class, agentTools bool, sendQue
 		e.sq.Close()
 	})
 	return e
+}
+
+// benchStoreOptions reads the SQLite options of a benchmark server from the
+// environment, to measure one store lever at a time: BENCH_SQLITE_MAXBATCH=1
+// turns group commit off, BENCH_SQLITE_STMTCACHE=-1 the statement cache.
+func benchStoreOptions(b *testing.B) sqlite.Options {
+	var o sqlite.Options
+	for name, dst := range map[string]*int{"BENCH_SQLITE_MAXBATCH": &o.MaxBatch, "BENCH_SQLITE_STMTCACHE": &o.StatementCache} {
+		if v := os.Getenv(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				b.Fatalf("%s=%q: %v", name, v, err)
+			}
+			*dst = n
+		}
+	}
+	return o
 }
 
 func (e *benchEnv) url(path string) string { return "ws://" + e.host + path }
