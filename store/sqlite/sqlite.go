@@ -83,7 +83,9 @@ type Options struct {
 	// its BEGIN (default 20 ms).
 	MaxBatchTime time.Duration
 	// StallTimeout is how long a write callback may sit idle while others
-	// wait before it is rolled back with ErrStalled (default 2 s; negative:
+	// wait before it is rolled back with ErrStalled (default 10 s, long
+	// enough that a callback starved of CPU on a loaded machine is not
+	// mistaken for a deadlock; negative:
 	// never).
 	StallTimeout time.Duration
 	// StatementCache is the number of prepared statements kept per
@@ -107,7 +109,7 @@ func (o Options) withDefaults() Options {
 		o.MaxBatchTime = 20 * time.Millisecond
 	}
 	if o.StallTimeout == 0 {
-		o.StallTimeout = 2 * time.Second
+		o.StallTimeout = 10 * time.Second
 	}
 	if o.StatementCache == 0 {
 		o.StatementCache = 256
