@@ -56,8 +56,9 @@ func (f frame) content() bool {
 
 // client reads the frames of one connection in order.
 type client struct {
-	t  *testing.T
-	ws *testenv.WSClient[frame]
+	t    *testing.T
+	ws   *testenv.WSClient[frame]
+	seen []string // the last frames received, for a failure's message
 }
 
 func dial(t *testing.T, url string) *client {
@@ -71,7 +72,11 @@ func (c *client) next() frame {
 	defer cancel()
 	f, err := c.ws.Next(ctx)
 	if err != nil {
-		c.t.Fatalf("waiting for a frame: %v", err)
+		c.t.Fatalf("waiting for a frame: %v; the last frames were:\n%s", err, strings.Join(c.seen, "\n"))
+	}
+	c.seen = append(c.seen, string(f.Raw))
+	if len(c.seen) > 10 {
+		c.seen = c.seen[1:]
 	}
 	if f.Err != nil {
 		c.t.Fatalf("frame %s: %v", f.Raw, f.Err)
