@@ -535,7 +535,7 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		return RecoverContinue, true, nil
 	}
 	kind := RecoveryKindRetry
-	if len(chunks) > 0 {
+	if len(b.Message().Parts) > 0 {
 		kind = RecoveryKindContinue
 	}
 	if t.sealed, err = c.beginIncident(ctx, t, kind); err != nil {
