@@ -205,6 +205,12 @@ func (l *lives) checkSealed(reason chat.ExhaustReason, terminal string) chat.Rec
 		t.Fatalf("OnRecoveryExhausted calls %+v, want one with reason %s", exhausted, reason)
 	}
 	e := exhausted[0]
+	// What recovery wrote itself (the terminal message, what it closed) is
+	// not work: the meter stands where the sealing attempt read it.
+	if meter, high := count(t, l.r.sq, `SELECT work FROM chat_streams WHERE id = ?`, l.id),
+		count(t, l.r.sq, `SELECT progress FROM chat_recovery_incidents WHERE stream_id = ?`, l.id); meter != high {
+		t.Fatalf("work meter %d after the seal, %d when the seal was decided", meter, high)
+	}
 	if n := len(e.Partial.Parts); n != len(res.Message.Parts)-1 {
 		t.Fatalf("the exhausted partial has %d parts, the sealed message %d: want it without the terminal message", n, len(res.Message.Parts))
 	}
