@@ -427,7 +427,9 @@ type guardedChat struct {
 	hooks
 }
 
-func (a *guardedChat) ShouldKeepRecovering(ctx context.Context, p chat.RecoveryProgress) bool { return false }
+func (a *guardedChat) ShouldKeepRecovering(ctx context.Context, p chat.RecoveryProgress) bool {
+	return false
+}
 
 // TestRecoverySealsCutStep: a declarative turn cut mid-text twice and then
 // sealed keeps what every client saw: the cut text parts closed with the
