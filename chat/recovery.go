@@ -163,7 +163,8 @@ type RecoveryExhaustedObserver interface {
 	OnRecoveryExhausted(ctx context.Context, e RecoveryExhausted)
 }
 
-// exhaustedMetadataKey marks the terminal text part of a sealed turn.
+// exhaustedMetadata is the provider metadata of a sealed turn's terminal
+// text part.
 type exhaustedMetadata struct {
 	Agentry struct {
 		RecoveryExhausted ExhaustReason `json:"recoveryExhausted"`
