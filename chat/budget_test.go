@@ -2,6 +2,7 @@ package chat_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/model/scripted"
 )
 
 // budgetKit drives the agents of the recovery budget tests: a handler that
@@ -506,5 +508,46 @@ func TestRecoverySealsCutStep(t *testing.T) {
 	}
 	if got := allText(onlyAssistant(t, getChat(t, r3.rt, "Stopper", "s").Messages())); !strings.HasSuffix(got, chat.DefaultRecoveryTerminalMessage) {
 		t.Fatalf("transcript text %q", got)
+	}
+}
+
+// TestCreditProgress: CreditProgress (an agent-tool parent's forwarded
+// child chunks) credits the running turn one work unit at most once per
+// five seconds of the runtime clock, found from the turn's context or, from
+// any other context, as the agent's running turn.
+func TestCreditProgress(t *testing.T) {
+	rclk := clockwork.NewFakeClock()
+	var r *rig
+	var id string
+	var got []int
+	meter := func() int { return count(t, r.sq, `SELECT work FROM chat_streams WHERE id = ?`, id) }
+	credit := chat.NewTool("credit", "Credits progress.", func(ctx context.Context, in empty) (string, error) {
+		var self agent.Agent
+		id, self, _ = chat.CurrentTurn(ctx)
+		got = append(got, meter())
+		for _, c := range []context.Context{ctx, ctx, nil, context.Background()} {
+			if c == nil {
+				rclk.Advance(5 * time.Second)
+				continue
+			}
+			if err := chat.CreditProgress(c, self); err != nil {
+				return "", err
+			}
+			got = append(got, meter())
+		}
+		return "ok", nil
+	})
+	m := scripted.New(scripted.WithRules(
+		scripted.Rule{Name: "done", Match: scripted.LastIsToolResult, Reply: scripted.Always(scripted.Reply{scripted.Text("Done.")})},
+		scripted.Rule{Name: "call", Reply: scripted.Always(scripted.Reply{scripted.ToolCall("credit", json.RawMessage(`{}`))})},
+	))
+	r = newRig(t, rigOptions{clock: rclk, classes: []agent.Class{chatClass("Bot", &kit{model: m, tools: []chat.Tool{credit}})}})
+	res, err := getChat(t, r.rt, "Bot", "c").SaveMessages(testCtx(t), []message.Message{userMsg("credit it")})
+	if err != nil || res.Outcome != chat.OutcomeCompleted {
+		t.Fatalf("%+v %v", res, err)
+	}
+	w0 := got[0]
+	if want := []int{w0, w0 + 1, w0 + 1, w0 + 2}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the meter read %v, want %v", got, want)
 	}
 }
