@@ -83,7 +83,7 @@ func main() {
 			return scripted.Reply{scripted.Text(long)}
 		}), scripted.WithChunkSize(8), scripted.WithDelay(delay))
 		for _, c := range []agent.Class{
-			{Name: "Chief", New: func() agent.Agent { return &Chief{model: chiefModel} }},
+			{Name: "Chief", New: func() agent.Agent { return &Chief{model: chiefModel} }, Public: true},
 			{Name: "Looper", New: func() agent.Agent { return &Looper{model: looperModel} }},
 		} {
 			if err := rt.Register(c); err != nil {
