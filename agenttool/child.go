@@ -236,6 +236,10 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 		}
 	case res.Outcome == chat.OutcomeSkipped:
 		status, errText = StatusError, msgSkipped
+	case res.Exhausted != "":
+		// The child's own recovery gave up on its turn (a budget spent): a
+		// hard failure, not an interruption a retry could repair.
+		status, errText = StatusError, fmt.Sprintf("%s (%s: %s)", msgRecoveryExhausted, res.Exhausted, res.Error)
 	case res.Outcome == chat.OutcomeError:
 		status, errText = StatusError, res.Error
 		if errText == "" {

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
 )
 
 // liveRun is a run this process is awaiting.
@@ -345,7 +346,13 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	if n := len(row.marks); n > 0 {
 		after = row.marks[n-1] - 1
 	}
+	// Forwarded child chunks are progress of the parent's turn that waits
+	// for the run (chat.CreditProgress); credited outside the child's
+	// chat lock, which the follower runs under.
+	credit := h.progressCrediter(ctx, row)
+	defer credit.stop()
 	stop, err := cb.FollowStream(context.WithoutCancel(runCtx), cr.streamID, after, func(seq int, body string) {
+		credit.offer()
 		idleMu.Lock()
 		if idle != nil {
 			idle.Reset(lim.noProgress)
@@ -448,6 +455,52 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 // (agent.Runtime.ClientMessage).
 func (h *host) runError(runID string, err error) string {
 	return h.rt.ClientMessage(err, "agent", h.b.Path().String(), "run", runID)
+}
+
+// crediter credits the parent's chat turn for a run's forwarded chunks,
+// from its own goroutine.
+type crediter struct {
+	kick chan struct{}
+	done chan struct{}
+}
+
+// progressCrediter returns the crediter of a run that a parent's chat turn
+// waits for: a bound, awaited run; others get a no-op.
+func (h *host) progressCrediter(ctx context.Context, row runRow) *crediter {
+	if row.ParentToolCallID == "" || row.det.Detached {
+		return nil
+	}
+	if _, ok := chatOf(h.a); !ok {
+		return nil
+	}
+	cr := &crediter{kick: make(chan struct{}, 1), done: make(chan struct{})}
+	go func() {
+		defer close(cr.done)
+		for range cr.kick {
+			if err := chat.CreditProgress(ctx, h.current().a); err != nil && ctx.Err() == nil {
+				h.b.Logger().Warn("agenttool: credit parent progress", "run", row.RunID, "err", err)
+			}
+		}
+	}()
+	return cr
+}
+
+func (c *crediter) offer() {
+	if c == nil {
+		return
+	}
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (c *crediter) stop() {
+	if c == nil {
+		return
+	}
+	close(c.kick)
+	<-c.done
 }
 
 func resultFromInspection(in Inspection) Result {

@@ -168,6 +168,9 @@ const (
 	msgRunFailed  = "Agent tool run failed"
 	msgSkipped    = "Agent tool run was skipped because the chat was cleared."
 	msgStaleChild = "Agent tool run was interrupted before the child could finish."
+	// msgRecoveryExhausted starts the error of a run whose child's chat
+	// recovery gave up (chat.TurnResult.Exhausted).
+	msgRecoveryExhausted = "Agent tool child gave up recovering its turn"
 )
 
 // Event is one agent-tool event of the wire protocol.

@@ -198,9 +198,13 @@ func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
 func (c *core) storedResult(ctx context.Context, id string) (TurnResult, error) {
 	var row streamRow
 	var found bool
+	var exhausted ExhaustReason
 	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
-		row, found, err = getStream(ctx, tx, c.iid, id)
+		if row, found, err = getStream(ctx, tx, c.iid, id); err != nil || !found {
+			return err
+		}
+		exhausted, err = exhaustedReason(ctx, tx, c.iid, id)
 		return err
 	})
 	if err != nil {
@@ -214,7 +218,7 @@ func (c *core) storedResult(ctx context.Context, id string) (TurnResult, error) 
 		// earlier hydration that is still recovering.
 		return TurnResult{}, fmt.Errorf("chat: turn %s is not finished", id)
 	}
-	r := TurnResult{ID: id, Outcome: row.Outcome, Error: row.Error}
+	r := TurnResult{ID: id, Outcome: row.Outcome, Error: row.Error, Exhausted: exhausted}
 	c.mu.Lock()
 	for _, m := range c.msgs {
 		if m.ID == row.MessageID {

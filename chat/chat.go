@@ -101,6 +101,10 @@ type Config struct {
 	// FlushChunks is the most chunks one transaction writes, and the
 	// batch size that ends the batching window early; zero means 64.
 	FlushChunks int
+	// Recovery holds the runtime's recovery budgets of interrupted turns
+	// (zero fields: the defaults); a class's RecoveryBudgets override
+	// them field by field.
+	Recovery RecoveryBudgets
 }
 
 type configKey struct{}
@@ -141,6 +145,9 @@ type TurnResult struct {
 	// partial, for aborted and error outcomes; empty when it produced
 	// nothing).
 	Message message.Message
+	// Exhausted is set when recovery gave up on the turn (it was sealed:
+	// outcome error, Error the terminal message, which also ends Message).
+	Exhausted ExhaustReason
 }
 
 // Text returns the concatenated text parts of the turn's message.

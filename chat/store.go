@@ -66,6 +66,12 @@ var migrations = []store.Migration{{
 	Statements: []string{
 		`ALTER TABLE chat_streams ADD COLUMN tools_from BIGINT`,
 	},
+}, {
+	// work is the stream's recovery work meter (produced content and tool
+	// units, see recovery.go); chat_recovery_incidents holds the recovery
+	// incident of an interrupted turn.
+	Version:    4,
+	Statements: recoveryMigration,
 }}
 
 // Stream statuses in chat_streams.
@@ -231,6 +237,7 @@ func unfinishedStreams(ctx context.Context, tx store.Tx, iid int64) ([]streamRow
 type storedChunk struct {
 	Seq  int
 	Body string
+	Work int // recovery work units it counts for (not stored with it)
 }
 
 func loadChunks(ctx context.Context, tx store.Tx, iid int64, streamID string) ([]storedChunk, error) {
@@ -256,15 +263,17 @@ func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, 
 	if ok, err := streamExists(ctx, tx, iid, streamID); err != nil || !ok {
 		return ok, err
 	}
+	work := 0
 	for _, c := range chunks {
 		if _, err := tx.Exec(ctx, `INSERT INTO chat_chunks (instance_id, stream_id, seq, body) VALUES (?, ?, ?, ?)
 			ON CONFLICT (instance_id, stream_id, seq) DO NOTHING`, iid, streamID, c.Seq, c.Body); err != nil {
 			return true, err
 		}
+		work += c.Work
 	}
 	if len(chunks) > 0 {
-		_, err := tx.Exec(ctx, `UPDATE chat_streams SET next_seq = ? WHERE instance_id = ? AND id = ? AND next_seq < ?`,
-			chunks[len(chunks)-1].Seq+1, iid, streamID, chunks[len(chunks)-1].Seq+1)
+		_, err := tx.Exec(ctx, `UPDATE chat_streams SET next_seq = CASE WHEN next_seq < ? THEN ? ELSE next_seq END, work = work + ?
+			WHERE instance_id = ? AND id = ?`, chunks[len(chunks)-1].Seq+1, chunks[len(chunks)-1].Seq+1, work, iid, streamID)
 		return true, err
 	}
 	return true, nil

@@ -37,6 +37,12 @@ type turn struct {
 	kick       chan struct{} // ends the flusher's batching window early
 	lastCommit time.Time     // when the stream's last commit began (real time)
 
+	// Recovery work meter (recovery.go), guarded by c.mu.
+	quiet           bool      // recovery writes: not work
+	deltaCredited   time.Time // last delta credited (runtime clock)
+	forwardCredited time.Time // last CreditProgress credited
+	sealed          *RecoveryExhausted
+
 	commitMu sync.Mutex // serializes commits of the stream, and so the order clients see
 	writeMu  sync.Mutex // serializes writes (tools run in parallel)
 
@@ -190,7 +196,7 @@ func (t *turn) send(ch message.Chunk) {
 	c.mu.Lock()
 	seq := t.nextSeq
 	t.nextSeq++
-	t.unflushed = append(t.unflushed, storedChunk{Seq: seq, Body: string(body)})
+	t.unflushed = append(t.unflushed, storedChunk{Seq: seq, Body: string(body), Work: t.credit(ch.Type)})
 	full := len(t.unflushed) >= c.cfg.FlushChunks
 	start := !t.flushing
 	t.flushing = true
@@ -376,6 +382,9 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 		if policy == RecoverAbandon {
 			return c.finishTurn(ctx, t, OutcomeError, "the turn was interrupted by a restart")
 		}
+		if t.sealed != nil {
+			return c.sealTurn(ctx, t, transcript)
+		}
 	}
 	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, attempts = attempts + 1 WHERE instance_id = ? AND id = ?`,
@@ -387,19 +396,9 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 	}
 
 	if t.builder == nil {
-		t.builder = message.NewBuilder(t.row.MessageID)
-		if t.row.Continuation {
-			if last := lastAssistant(transcript); last != nil {
-				if err := t.builder.Continue(*last); err != nil {
-					return c.finishTurn(ctx, t, OutcomeError, c.turnError(t, err))
-				}
-				transcript = transcript[:len(transcript)-1]
-			}
-			t.send(message.Start(""))
-		} else {
-			start := message.Start(t.row.MessageID)
-			_ = t.builder.Apply(start)
-			t.send(start)
+		var err error
+		if transcript, err = c.startMessage(t, transcript); err != nil {
+			return c.finishTurn(ctx, t, OutcomeError, c.turnError(t, err))
 		}
 	}
 	tt := &Turn{t: t, ID: t.row.ID, MessageID: t.row.MessageID, Messages: transcript, Body: t.row.Body,
@@ -442,6 +441,26 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 // with err logged (agent.Runtime.ClientMessage).
 func (c *core) turnError(t *turn, err error) string {
 	return c.rt.ClientMessage(err, "agent", c.b.Path().String(), "stream", t.row.ID)
+}
+
+// startMessage starts the turn's message (continuing the last assistant
+// message of a continuation) and returns the transcript the turn answers.
+func (c *core) startMessage(t *turn, transcript []message.Message) ([]message.Message, error) {
+	t.builder = message.NewBuilder(t.row.MessageID)
+	if t.row.Continuation {
+		if last := lastAssistant(transcript); last != nil {
+			if err := t.builder.Continue(*last); err != nil {
+				return transcript, err
+			}
+			transcript = transcript[:len(transcript)-1]
+		}
+		t.send(message.Start(""))
+	} else {
+		start := message.Start(t.row.MessageID)
+		_ = t.builder.Apply(start)
+		t.send(start)
+	}
+	return transcript, nil
 }
 
 func safeCall(fn func() error) (err error) {
@@ -515,13 +534,30 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		t.finished = true
 		return RecoverContinue, true, nil
 	}
+	kind := RecoveryKindRetry
+	if len(b.Message().Parts) > 0 {
+		kind = RecoveryKindContinue
+	}
+	if t.sealed, err = c.beginIncident(ctx, t, kind); err != nil {
+		return 0, false, err
+	}
+	// What recovery writes from here on (closing what the crash cut) is
+	// not work; the turn's own writes are again once it runs.
+	c.mu.Lock()
+	t.quiet = true
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		t.quiet = t.sealed != nil
+		c.mu.Unlock()
+	}()
 
 	policy = RecoverContinue
 	_, custom := c.self.(Handler)
 	if custom {
 		policy = RecoverRetry
 	}
-	if p, ok := c.self.(RecoveryPolicy); ok {
+	if p, ok := c.self.(RecoveryPolicy); ok && t.sealed == nil {
 		partial := b.Message()
 		_ = agent.Enter(ctx, c.self, func(ctx context.Context) error {
 			policy = p.RecoverTurn(ctx, partial)
@@ -550,7 +586,7 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	}
 	if pending := pendingCallsOf(b.Message()); stepOpen {
 		switch {
-		case !custom && policy != RecoverRetry && len(pending) > 0:
+		case !custom && policy != RecoverRetry && t.sealed == nil && len(pending) > 0:
 			// The loop runs the step's calls that have no result and
 			// closes the step (at least once: a call may have been
 			// running).
@@ -685,6 +721,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		}
 		if _, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, outcome = ?, error = ?, finished_at = ? WHERE instance_id = ? AND id = ?`,
 			statusDone, outcome, errText, now.UnixMilli(), c.iid, t.row.ID); err != nil {
+			return err
+		}
+		if err := endIncident(ctx, tx, c.iid, t.row.ID); err != nil {
 			return err
 		}
 		// Retention: forget the chunks of streams that ended long ago.
