@@ -1,8 +1,8 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"runtime"
@@ -110,23 +110,14 @@ func TestPipelinedRPCsBounded(t *testing.T) {
 			if err != nil {
 				return
 			}
-			var f struct {
-				Type    string `json:"type"`
-				Success bool   `json:"success"`
-				Error   string `json:"error"`
-				Result  string `json:"result"`
-			}
-			if err := json.Unmarshal(data, &f); err != nil || f.Type != "rpc" {
-				t.Errorf("unexpected frame %s", data)
-				return
-			}
+			// Cheap checks: the flood's frames are many.
 			switch {
-			case f.Success && f.Result == "released":
+			case bytes.Contains(data, []byte(`"success":true`)) && bytes.Contains(data, []byte(`"result":"released"`)):
 				r.succeeded++
 				if r.succeeded == inFlight {
 					return
 				}
-			case !f.Success && strings.Contains(f.Error, "too many calls in flight"):
+			case bytes.Contains(data, []byte(`"success":false`)) && bytes.Contains(data, []byte("too many calls in flight")):
 				r.refused++
 				if r.refused == total-inFlight {
 					close(refusedAll)
@@ -256,12 +247,9 @@ func TestSlowReadersWithinSendBudget(t *testing.T) {
 					o.code, o.err = websocket.CloseStatus(err), err
 					return
 				}
-				var f struct {
-					I   int    `json:"i"`
-					Pad string `json:"pad"`
-				}
-				if err := json.Unmarshal(data, &f); err != nil || f.I != o.got || len(f.Pad) != frameBytes-40 {
-					o.err = fmt.Errorf("frame %d: index %d, %d bytes of pad, %v", o.got, f.I, len(f.Pad), err)
+				want := fmt.Appendf(nil, `{"type":"replay","i":%d,"pad":"x`, o.got)
+				if !bytes.HasPrefix(data, want) || len(data) != frameBytes-40+len(want)+1 || !bytes.HasSuffix(data, []byte(`x"}`)) {
+					o.err = fmt.Errorf("frame %d: %.40s… (%d bytes)", o.got, data, len(data))
 					return
 				}
 				o.got++
