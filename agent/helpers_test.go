@@ -46,7 +46,7 @@ func (d *notifyDB) Update(ctx context.Context, fn func(store.Tx) error) error {
 
 // rtEnv is a runtime on a real SQLite file with a fake clock.
 type rtEnv struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	clock  *clockwork.FakeClock
 	sqlite *sqlite.DB
@@ -68,7 +68,7 @@ type rtOptions struct {
 
 // newRuntime opens the DB and creates the runtime without starting it, so a
 // test can subscribe to diag channels before Start.
-func newRuntime(t *testing.T, o rtOptions) *rtEnv {
+func newRuntime(t testing.TB, o rtOptions) *rtEnv {
 	t.Helper()
 	ctx := context.Background()
 	if o.dir == "" {
@@ -101,7 +101,7 @@ func newRuntime(t *testing.T, o rtOptions) *rtEnv {
 	return e
 }
 
-func startRuntime(t *testing.T, o rtOptions) *rtEnv {
+func startRuntime(t testing.TB, o rtOptions) *rtEnv {
 	t.Helper()
 	e := newRuntime(t, o)
 	e.start()
