@@ -20,13 +20,14 @@ import (
 	"github.com/agentry/agentry/server"
 )
 
-// heapNow returns the live heap after two collections.
+// heapNow returns the live heap and the goroutine stacks (which are not on
+// the heap) after two collections.
 func heapNow() uint64 {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
+	return ms.HeapAlloc + ms.StackInuse
 }
 
 // events collects diag events of one channel.
