@@ -197,3 +197,46 @@ func TestMaxInstancesAllInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A schedule that comes due while its instance cannot be hydrated (every
+// resident instance in use) is not lost: it fires once there is room,
+// scheduleRetry (1 s) later.
+func TestScheduleWaitsForRoom(t *testing.T) {
+	h := newHooks()
+	e := newRuntime(t, rtOptions{maxInstances: 1, classes: []agent.Class{probeClass(h)}})
+	ev := record(t, e.rt.Diag(), diag.ChannelSchedule)
+	e.start()
+	ctx := context.Background()
+	path := agent.Root("Probe", "sched")
+	p := getProbe(t, e.rt, path)
+	if _, err := p.ScheduleAfter(ctx, time.Minute, "Tick", Payload{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, release, err := e.rt.Acquire(ctx, agent.Root("Probe", "pinned")) // evicts sched, takes the only room
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.rt.Resident(path) {
+		t.Fatal("the scheduled instance is still resident")
+	}
+	e.blockUntil(1)
+	e.clock.Advance(time.Minute)
+	fire := ev.wait(t, "fire", path.String())
+	if msg, _ := fire.Attrs["error"].(string); !strings.Contains(msg, "too many instances") {
+		t.Fatalf("fire event %v, want the ErrTooManyInstances error", fire.Attrs)
+	}
+	select {
+	case f := <-h.fired:
+		t.Fatalf("%s ran without room", f.method)
+	default:
+	}
+	release()
+	e.blockUntil(1)
+	e.clock.Advance(time.Second)
+	if f := h.nextFired(t); f.method != "Tick" || f.payload.N != 1 || f.path != path.String() {
+		t.Fatalf("fired %+v", f)
+	}
+	if fire := ev.wait(t, "fire", path.String()); fire.Attrs["error"] != nil {
+		t.Fatalf("second fire %v", fire.Attrs)
+	}
+}
