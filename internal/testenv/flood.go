@@ -24,6 +24,7 @@ func ParkerClass(release <-chan struct{}, parked chan<- struct{}) agent.Class {
 		Name:     "Parker",
 		New:      func() agent.Agent { return &Parker{release: release, parked: parked} },
 		Callable: []string{"park", "ping"},
+		Public:   true,
 	}
 }
 
@@ -68,7 +69,7 @@ type ReplayOptions struct {
 
 // ReplayerClass returns the Replayer class.
 func ReplayerClass(o ReplayOptions) agent.Class {
-	return agent.Class{Name: "Replayer", New: func() agent.Agent { return &Replayer{o: o} }}
+	return agent.Class{Name: "Replayer", New: func() agent.Agent { return &Replayer{o: o} }, Public: true}
 }
 
 // OnConnect sends the replay.
