@@ -1,17 +1,28 @@
 # Agentry: `make test` runs every test (Go once at full speed and once with
 # -race, the real npm clients against the Go server, the web playground in
-# Chromium) and checks that the playground's committed bundle matches its
+# Chromium, then each fuzz target for FUZZTIME) and checks that the playground's committed bundle matches its
 # sources. Some races only show at full speed, others only under -race. It installs the npm
 # packages the tests need; the browser test needs Debian's chromium.
 GO ?= go
 
-.PHONY: test npm web lint bench
+.PHONY: test npm web lint bench fuzz
 
 test: npm
 	web/check-bundle.sh
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
+	$(MAKE) --no-print-directory fuzz
+
+# fuzz runs each fuzz target for a short fixed time (go test -fuzz takes one
+# target at a time). Inputs that fail are written to the package's
+# testdata/fuzz and then run by every go test.
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzHandleFrame$$' -fuzztime $(FUZZTIME) ./agent
+	$(GO) test -run '^$$' -fuzz '^FuzzParsePath$$' -fuzztime $(FUZZTIME) ./agent
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRoute$$' -fuzztime $(FUZZTIME) ./server
+	$(GO) test -run '^$$' -fuzz '^FuzzToolInput$$' -fuzztime $(FUZZTIME) ./chat
 
 npm:
 	cd test/npm && npm ci --no-audit --no-fund --loglevel=error

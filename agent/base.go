@@ -105,9 +105,7 @@ func (b *Base) Connections() []*Conn { return b.in.connections() }
 // background work the runtime does not know about.
 func (b *Base) KeepAlive() (release func()) {
 	in := b.in
-	in.rt.mu.Lock()
-	in.busy++
-	in.rt.mu.Unlock()
+	in.pin()
 	var done bool
 	return func() {
 		if !done {
@@ -167,9 +165,9 @@ func (rt *Runtime) Destroy(ctx context.Context, path Path) error {
 	// lands on them.
 	var gone []*instance
 	rt.mu.Lock()
-	for k, in := range rt.instances {
+	for _, in := range rt.instances {
 		if in.path.HasPrefix(path) {
-			delete(rt.instances, k)
+			rt.forgetLocked(in)
 			gone = append(gone, in)
 		}
 	}

@@ -32,6 +32,7 @@ type Conn struct {
 	state  json.RawMessage
 	values map[any]any
 	closed atomic.Bool
+	calls  atomic.Int32 // RPC calls in flight (Options.MaxCallsPerConn)
 }
 
 // ID returns the connection id the client chose (the _pk query parameter).

@@ -92,9 +92,7 @@ func (in *instance) enterFor(wait, ctx context.Context) (context.Context, func()
 	}
 	// An input pins its instance: it is not evicted while the input runs
 	// or waits at an await point.
-	in.rt.mu.Lock()
-	in.busy++
-	in.rt.mu.Unlock()
+	in.pin()
 	h := &hold{in: in, prev: holdOf(ctx)}
 	h.held.Store(true)
 	var released atomic.Bool

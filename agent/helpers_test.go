@@ -46,7 +46,7 @@ func (d *notifyDB) Update(ctx context.Context, fn func(store.Tx) error) error {
 
 // rtEnv is a runtime on a real SQLite file with a fake clock.
 type rtEnv struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	clock  *clockwork.FakeClock
 	sqlite *sqlite.DB
@@ -61,11 +61,14 @@ type rtOptions struct {
 	clock   *clockwork.FakeClock
 	idle    time.Duration // 0 means eviction disabled
 	classes []agent.Class
+	// maxCalls and maxInstances are the runtime's limits; 0 means the
+	// defaults.
+	maxCalls, maxInstances int
 }
 
 // newRuntime opens the DB and creates the runtime without starting it, so a
 // test can subscribe to diag channels before Start.
-func newRuntime(t *testing.T, o rtOptions) *rtEnv {
+func newRuntime(t testing.TB, o rtOptions) *rtEnv {
 	t.Helper()
 	ctx := context.Background()
 	if o.dir == "" {
@@ -82,7 +85,8 @@ func newRuntime(t *testing.T, o rtOptions) *rtEnv {
 		t.Fatal(err)
 	}
 	db := &notifyDB{DB: sdb, changed: make(chan struct{}, 1)}
-	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: o.idle})
+	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: o.idle,
+		MaxCallsPerConn: o.maxCalls, MaxInstances: o.maxInstances})
 	if err != nil {
 		sdb.Close()
 		t.Fatal(err)
@@ -97,7 +101,7 @@ func newRuntime(t *testing.T, o rtOptions) *rtEnv {
 	return e
 }
 
-func startRuntime(t *testing.T, o rtOptions) *rtEnv {
+func startRuntime(t testing.TB, o rtOptions) *rtEnv {
 	t.Helper()
 	e := newRuntime(t, o)
 	e.start()
@@ -374,7 +378,7 @@ func probeClass(h *probeHooks) agent.Class {
 	return agent.Class{
 		Name:     "Probe",
 		New:      func() agent.Agent { return &Probe{h: h} },
-		Callable: []string{"wait", "bump", "echo"},
+		Callable: []string{"wait", "bump", "echo", "park"},
 	}
 }
 
@@ -414,6 +418,22 @@ func (p *Probe) Wait(ctx context.Context) (string, error) {
 	case <-ctx.Done():
 		return "", ctx.Err()
 	}
+}
+
+// Park waits at an await point until the test releases it, so the
+// instance takes other inputs meanwhile: a call in flight that does not
+// hold the gate.
+func (p *Probe) Park(ctx context.Context) (string, error) {
+	err := agent.Await(ctx, func() error {
+		p.h.entered <- struct{}{}
+		select {
+		case <-p.h.release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	return "parked", err
 }
 
 type count struct {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"net/http"
 )
 
@@ -12,6 +13,11 @@ import (
 func (rt *Runtime) ServeInstance(w http.ResponseWriter, r *http.Request, path Path) {
 	ctx := r.Context()
 	in, err := rt.acquire(ctx, path)
+	if errors.Is(err, ErrTooManyInstances) {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "server busy: too many agents in memory, try again later", http.StatusServiceUnavailable)
+		return
+	}
 	if err != nil {
 		http.Error(w, rt.ClientMessage(err, "agent", path.String(), "in", "ServeInstance"), http.StatusServiceUnavailable)
 		return

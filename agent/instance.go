@@ -27,9 +27,13 @@ type instance struct {
 	hydrateErr error
 	id         int64 // row id in instances
 
-	// busy and lastActive are guarded by rt.mu.
+	// busy, lastActive, gone and the idle list links are guarded by rt.mu.
 	busy       int
 	lastActive time.Time
+	gone       bool      // no longer in rt.instances
+	idlePrev   *instance // rt.idleList links, while busy is 0
+	idleNext   *instance
+	inIdle     bool
 
 	stateMu   sync.Mutex // serializes setState
 	mu        sync.Mutex
@@ -55,13 +59,73 @@ func (in *instance) isReady() bool {
 	}
 }
 
-// release drops a busy reference taken by acquire.
+// pinLocked takes a busy reference; rt.mu is held. A busy instance is
+// never evicted.
+func (in *instance) pinLocked() {
+	if in.busy == 0 && in.inIdle {
+		in.rt.idleList.remove(in)
+	}
+	in.busy++
+}
+
+// pin takes a busy reference.
+func (in *instance) pin() {
+	in.rt.mu.Lock()
+	in.pinLocked()
+	in.rt.mu.Unlock()
+}
+
+// release drops a busy reference taken by acquire or pin.
 func (in *instance) release() {
 	rt := in.rt
 	rt.mu.Lock()
 	in.busy--
 	in.lastActive = rt.clock.Now()
+	if in.busy == 0 && !in.gone && in.isReady() {
+		rt.idleList.pushBack(in)
+	}
 	rt.mu.Unlock()
+}
+
+// forgetLocked removes in from the resident instances; rt.mu is held.
+func (rt *Runtime) forgetLocked(in *instance) {
+	if rt.instances[in.key] == in {
+		delete(rt.instances, in.key)
+	}
+	in.gone = true
+	if in.inIdle {
+		rt.idleList.remove(in)
+	}
+}
+
+// idleList is the intrusive list of resident instances that are not in
+// use, in the order they went idle (least recently used first).
+type idleList struct{ head, tail *instance }
+
+func (l *idleList) front() *instance { return l.head }
+
+func (l *idleList) pushBack(in *instance) {
+	in.idlePrev, in.idleNext, in.inIdle = l.tail, nil, true
+	if l.tail != nil {
+		l.tail.idleNext = in
+	} else {
+		l.head = in
+	}
+	l.tail = in
+}
+
+func (l *idleList) remove(in *instance) {
+	if in.idlePrev != nil {
+		in.idlePrev.idleNext = in.idleNext
+	} else {
+		l.head = in.idleNext
+	}
+	if in.idleNext != nil {
+		in.idleNext.idlePrev = in.idlePrev
+	} else {
+		l.tail = in.idlePrev
+	}
+	in.idlePrev, in.idleNext, in.inIdle = nil, nil, false
 }
 
 // hydrate creates the instance's rows if needed, loads its state, builds the
@@ -131,9 +195,7 @@ func (in *instance) fail(err error) {
 	in.hydrateErr = err
 	rt := in.rt
 	rt.mu.Lock()
-	if rt.instances[in.key] == in {
-		delete(rt.instances, in.key)
-	}
+	rt.forgetLocked(in)
 	rt.mu.Unlock()
 	rt.log.Error("agent hydration failed", "agent", in.key, "err", err)
 }

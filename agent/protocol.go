@@ -284,6 +284,12 @@ func done(b bool) *bool { return &b }
 // call then runs on its own goroutine holding the gate, so a method that
 // awaits (a streaming method, an agent-tool run) lets the connection's
 // later frames in at its await points.
+//
+// At most Options.MaxCallsPerConn calls of one connection are in flight; a
+// call beyond them is refused with an error response at once rather than
+// waited for, so the reader goes on reading the connection's other frames
+// (a chat cancel, a tool result) that the calls in flight may be waiting
+// for.
 func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 	var req rpcRequest
 	if err := json.Unmarshal(data, &req); err != nil {
@@ -301,6 +307,13 @@ func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 		return
 	}
 	rt := in.rt
+	if c.calls.Add(1) > int32(rt.maxCalls) {
+		c.calls.Add(-1)
+		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: fmt.Sprintf(
+			"too many calls in flight on this connection (the limit is %d); wait for a response before sending more", rt.maxCalls)})
+		rt.diag.Publish(diag.ChannelRPC, "refuse", in.key, map[string]any{"method": req.Method, "connection": c.id})
+		return
+	}
 	// The call's context is the runtime's, not the socket's: a call goes
 	// on when the client disconnects, as in the reference. It has the
 	// values of the request that opened the connection (IdentityFrom).
@@ -308,11 +321,10 @@ func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 	callCtx, leave, err := in.enterFor(ctx, WithConn(callCtx, c))
 	if err != nil {
 		cancel()
+		c.calls.Add(-1)
 		return // the connection is gone
 	}
-	rt.mu.Lock()
-	in.busy++
-	rt.mu.Unlock()
+	in.pin()
 	rt.wg.Add(1)
 	go func() {
 		defer rt.wg.Done()
@@ -324,6 +336,9 @@ func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 }
 
 // runRPC runs one call with ctx, which holds the instance's input gate.
+// The call leaves the connection's calls in flight before its final
+// response is sent, so a client that waits for a response before sending
+// its next call is never refused.
 func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 	in := c.inst
 	rt := in.rt
@@ -338,6 +353,7 @@ func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 	}
 	result, err := m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), stream, req.Args)
 	attrs := map[string]any{"method": req.Method, "streaming": m.streaming, "duration": rt.clock.Since(start)}
+	c.calls.Add(-1)
 	if err != nil {
 		attrs["error"] = err.Error()
 		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: rt.ClientMessage(err, "agent", in.key, "method", req.Method)})

@@ -48,7 +48,23 @@ type Options struct {
 	IdleTimeout time.Duration
 	// RPCTimeout bounds a non-streaming RPC call; zero means 30 seconds.
 	RPCTimeout time.Duration
+	// MaxCallsPerConn bounds the RPC calls in flight on one client
+	// connection (running, waiting at an await point, or streaming). A
+	// call beyond it is refused at once with an error response, and the
+	// connection's later frames go on being read. Zero means 64.
+	MaxCallsPerConn int
+	// MaxInstances bounds the instances in memory. Hydrating one more
+	// evicts the least recently used idle instance first; when every
+	// resident instance is in use, the hydration fails with
+	// ErrTooManyInstances. Zero means 10,000.
+	MaxInstances int
 }
+
+// The defaults of Options.
+const (
+	DefaultMaxCallsPerConn = 64
+	DefaultMaxInstances    = 10_000
+)
 
 // Runtime hosts agent instances. Create one with New, register classes,
 // call Start, and Close it when done.
@@ -60,12 +76,16 @@ type Runtime struct {
 	idle   time.Duration
 	rpcTTL time.Duration
 
+	maxCalls     int // per connection
+	maxInstances int
+
 	classes     map[string]*classInfo // by class name
 	routes      map[string]*classInfo // by kebab route
 	classByType map[reflect.Type]*classInfo
 
 	mu        sync.Mutex
 	instances map[string]*instance // by Path.String()
+	idleList  idleList             // resident instances not in use, least recently used first
 	closed    bool
 
 	values     sync.Map // layer configuration, see SetValue
@@ -98,6 +118,12 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	if opts.RPCTimeout == 0 {
 		opts.RPCTimeout = 30 * time.Second
 	}
+	if opts.MaxCallsPerConn <= 0 {
+		opts.MaxCallsPerConn = DefaultMaxCallsPerConn
+	}
+	if opts.MaxInstances <= 0 {
+		opts.MaxInstances = DefaultMaxInstances
+	}
 	if err := store.Migrate(ctx, opts.DB, "agent", migrations); err != nil {
 		return nil, err
 	}
@@ -105,6 +131,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	rt := &Runtime{
 		db: opts.DB, clock: opts.Clock, log: opts.Logger, diag: opts.Diag,
 		idle: opts.IdleTimeout, rpcTTL: opts.RPCTimeout,
+		maxCalls: opts.MaxCallsPerConn, maxInstances: opts.MaxInstances,
 		classes: map[string]*classInfo{}, routes: map[string]*classInfo{},
 		classByType: map[reflect.Type]*classInfo{},
 		instances:   map[string]*instance{},
@@ -290,6 +317,11 @@ var ErrUnknownClass = errors.New("agent: unknown class")
 // ErrClosed is returned after the runtime was closed.
 var ErrClosed = errors.New("agent: runtime closed")
 
+// ErrTooManyInstances is returned when an instance must be hydrated while
+// Options.MaxInstances instances are resident and all of them are in use.
+// It is temporary: retry once some work has finished.
+var ErrTooManyInstances = errors.New("agent: too many instances in memory")
+
 // ErrDestroyed is returned for an instance that was destroyed while the
 // caller held it.
 var ErrDestroyed = errors.New("agent: instance destroyed")
@@ -388,12 +420,28 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 		return nil, ErrClosed
 	}
 	in, ok := rt.instances[key]
+	var evicted []*instance
 	if !ok {
+		// Make room first: evict the least recently used idle instances.
+		for len(rt.instances) >= rt.maxInstances {
+			lru := rt.idleList.front()
+			if lru == nil {
+				n := len(rt.instances)
+				rt.mu.Unlock()
+				rt.diag.Publish(diag.ChannelAgent, "refuse", key, map[string]any{"resident": n})
+				return nil, fmt.Errorf("%w: %d resident and none idle (Options.MaxInstances); %s not hydrated", ErrTooManyInstances, n, key)
+			}
+			rt.forgetLocked(lru)
+			evicted = append(evicted, lru)
+		}
 		in = newInstance(rt, path, rt.classes[path.Leaf().Class])
 		rt.instances[key] = in
 	}
-	in.busy++
+	in.pinLocked()
 	rt.mu.Unlock()
+	for _, e := range evicted {
+		rt.diag.Publish(diag.ChannelAgent, "evict", e.key, map[string]any{"reason": "max_instances"})
+	}
 	if !ok {
 		in.hydrate()
 	}
@@ -433,11 +481,11 @@ func (rt *Runtime) EvictIdle() int {
 	now := rt.clock.Now()
 	var evicted []*instance
 	rt.mu.Lock()
-	for key, in := range rt.instances {
-		if in.busy == 0 && in.isReady() && now.Sub(in.lastActive) >= rt.idle {
-			delete(rt.instances, key)
-			evicted = append(evicted, in)
-		}
+	// The idle list is in the order instances went idle: stop at the first
+	// one that has not been idle long enough.
+	for in := rt.idleList.front(); in != nil && now.Sub(in.lastActive) >= rt.idle; in = rt.idleList.front() {
+		rt.forgetLocked(in)
+		evicted = append(evicted, in)
 	}
 	rt.mu.Unlock()
 	for _, in := range evicted {
@@ -454,7 +502,7 @@ func (rt *Runtime) Evict(path Path) bool {
 	rt.mu.Lock()
 	in, ok := rt.instances[key]
 	if ok && in.busy == 0 && in.isReady() {
-		delete(rt.instances, key)
+		rt.forgetLocked(in)
 	} else {
 		ok = false
 	}

@@ -415,12 +415,17 @@ func (s *scheduler) run(sc Schedule, key string) {
 	}
 
 	var next time.Time
-	switch sc.Kind {
-	case ScheduleCron:
+	switch {
+	case errors.Is(callErr, ErrTooManyInstances):
+		// Nothing ran: the instance could not be hydrated for lack of
+		// room. Try again shortly rather than lose a one-shot schedule or
+		// skip a run of a repeating one.
+		next = rt.clock.Now().Add(scheduleRetry)
+	case sc.Kind == ScheduleCron:
 		if cs, err := cron.ParseStandard(sc.Cron); err == nil {
 			next = cs.Next(rt.clock.Now().UTC())
 		}
-	case ScheduleInterval:
+	case sc.Kind == ScheduleInterval:
 		next = rt.clock.Now().Add(sc.Interval)
 	}
 	err = rt.db.Update(ctx, func(tx store.Tx) error {
@@ -439,6 +444,10 @@ func (s *scheduler) run(sc Schedule, key string) {
 	// the firing left it (deleted or moved to its next due time).
 	rt.diag.Publish(diag.ChannelSchedule, "fire", key, attrs)
 }
+
+// scheduleRetry is how long a schedule waits before it fires again when
+// its instance could not be hydrated (ErrTooManyInstances).
+const scheduleRetry = time.Second
 
 // layerSchedulePrefix marks schedules owned by a framework layer rather
 // than an agent method: "@layer/name".

@@ -18,6 +18,7 @@ const (
 	ChannelSchedule  = "schedule"
 	ChannelChat      = "chat"
 	ChannelAgentTool = "agentTool"
+	ChannelServer    = "server"
 )
 
 // Event is one observation published on a channel.

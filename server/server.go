@@ -23,6 +23,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/diag"
 )
 
 // Options configure a Server.
@@ -55,8 +56,17 @@ type Options struct {
 	SendQueueBytes int64
 	// SendQueue is the number of frames queued for one slow client before
 	// the server closes its connection (the client reconnects and resumes).
-	// Zero means 4096.
+	// Zero means 1 << 20; SendQueueBytes is normally the bound that acts.
 	SendQueue int
+	// SendBudgetBytes is the memory budget of all send queues together.
+	// Before the total would pass it, the sockets with the largest queues
+	// (the slowest readers) are closed with 1013 and their queues freed;
+	// the clients reconnect and resume. Zero means 256 MiB.
+	SendBudgetBytes int64
+	// MaxConnections bounds the open WebSockets. An upgrade beyond it is
+	// refused with 503 Service Unavailable and a Retry-After header (the
+	// npm clients retry with backoff). Zero means 10,000.
+	MaxConnections int
 	// WriteTimeout bounds writing one frame; zero means 10 seconds.
 	WriteTimeout time.Duration
 	// OriginPatterns lists the browser origins, besides the server's own,
@@ -84,33 +94,78 @@ type Server struct {
 	rt   *agent.Runtime
 	log  *slog.Logger
 
+	budget *sendBudget
+
 	mu      sync.Mutex
 	sockets map[*socket]struct{}
+	conns   int // WebSockets open or opening (Options.MaxConnections)
 	closing bool
 	wg      sync.WaitGroup
 }
+
+// The defaults of Options.
+const (
+	DefaultMaxFrameBytes   = 1 << 20
+	DefaultSendQueue       = 1 << 20
+	DefaultSendQueueBytes  = 64 << 20
+	DefaultSendBudgetBytes = 256 << 20
+	DefaultMaxConnections  = 10_000
+	DefaultWriteTimeout    = 10 * time.Second
+)
 
 // New returns a Server for opts.Runtime.
 func New(opts Options) *Server {
 	if opts.Prefix == "" {
 		opts.Prefix = "agents"
 	}
-	if opts.MaxFrameBytes == 0 {
-		opts.MaxFrameBytes = 1 << 20
+	if opts.MaxFrameBytes <= 0 {
+		opts.MaxFrameBytes = DefaultMaxFrameBytes
 	}
-	if opts.SendQueue == 0 {
-		opts.SendQueue = 1 << 20
+	if opts.SendQueue <= 0 {
+		opts.SendQueue = DefaultSendQueue
 	}
-	if opts.SendQueueBytes == 0 {
-		opts.SendQueueBytes = 64 << 20
+	if opts.SendQueueBytes <= 0 {
+		opts.SendQueueBytes = DefaultSendQueueBytes
 	}
-	if opts.WriteTimeout == 0 {
-		opts.WriteTimeout = 10 * time.Second
+	if opts.SendBudgetBytes <= 0 {
+		opts.SendBudgetBytes = DefaultSendBudgetBytes
+	}
+	if opts.MaxConnections <= 0 {
+		opts.MaxConnections = DefaultMaxConnections
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultWriteTimeout
 	}
 	if opts.Logger == nil {
 		opts.Logger = opts.Runtime.Logger()
 	}
-	return &Server{opts: opts, rt: opts.Runtime, log: opts.Logger, sockets: map[*socket]struct{}{}}
+	s := &Server{opts: opts, rt: opts.Runtime, log: opts.Logger, sockets: map[*socket]struct{}{}}
+	s.budget = &sendBudget{limit: opts.SendBudgetBytes, sockets: s.socketList, onShed: func(sk *socket, queued int64) {
+		s.log.Warn("send budget full: closed the slowest connection", "path", sk.path, "queued", queued, "budget", opts.SendBudgetBytes)
+		s.rt.Diag().Publish(diag.ChannelServer, "shed", sk.path, map[string]any{"queued": queued})
+	}}
+	return s
+}
+
+func (s *Server) socketList() []*socket {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*socket, 0, len(s.sockets))
+	for sk := range s.sockets {
+		out = append(out, sk)
+	}
+	return out
+}
+
+// QueuedBytes returns what the send queues of all WebSockets hold now
+// (at most Options.SendBudgetBytes), for metrics.
+func (s *Server) QueuedBytes() int64 { return s.budget.used.Load() }
+
+// Connections returns how many WebSockets are open, for metrics.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conns
 }
 
 // Route is a parsed agent request path.
@@ -216,6 +271,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Each parent on the way decides whether its child may be reached.
 	for i := 2; i <= len(route.Path); i++ {
 		if err := s.rt.CheckSubAgent(r.Context(), r, route.Path[:i]); err != nil {
+			if errors.Is(err, agent.ErrTooManyInstances) {
+				unavailable(w, "server busy: too many agents in memory, try again later")
+				return
+			}
 			writeHTTPError(w, err, http.StatusNotFound)
 			return
 		}
@@ -239,6 +298,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r2.URL.Path = unescaped
 	r2.URL.RawPath = rest
 	s.rt.ServeInstance(w, r2, route.Path)
+}
+
+// unavailable answers 503 with a Retry-After, for a temporary limit.
+func unavailable(w http.ResponseWriter, msg string) {
+	w.Header().Set("Retry-After", "1")
+	http.Error(w, msg, http.StatusServiceUnavailable)
 }
 
 func setCORS(h http.Header) {
@@ -341,9 +406,23 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 		http.Error(w, "server shutting down", http.StatusServiceUnavailable)
 		return
 	}
+	if s.conns >= s.opts.MaxConnections {
+		s.mu.Unlock()
+		s.rt.Diag().Publish(diag.ChannelServer, "refuse", route.Path.String(), map[string]any{"reason": "max_connections"})
+		unavailable(w, fmt.Sprintf("too many connections (the limit is %d), try again later", s.opts.MaxConnections))
+		return
+	}
+	s.conns++
 	s.wg.Add(1)
 	s.mu.Unlock()
-	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		s.conns--
+		n := s.conns
+		s.mu.Unlock()
+		s.rt.Diag().Publish(diag.ChannelServer, "close", route.Path.String(), map[string]any{"connections": n})
+		s.wg.Done()
+	}()
 
 	c, err := websocket.Accept(w, r, s.acceptOptions())
 	if err != nil {
@@ -352,8 +431,8 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 	c.SetReadLimit(-1) // we enforce MaxFrameBytes ourselves and keep the connection
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sk := &socket{c: c, maxFrames: s.opts.SendQueue, maxBytes: s.opts.SendQueueBytes, ready: make(chan struct{}, 1),
-		done: make(chan struct{}), writeTimeout: s.opts.WriteTimeout}
+	sk := &socket{c: c, maxFrames: s.opts.SendQueue, maxBytes: s.opts.SendQueueBytes, budget: s.budget,
+		path: route.Path.String(), ready: make(chan struct{}, 1), done: make(chan struct{}), writeTimeout: s.opts.WriteTimeout}
 	s.mu.Lock()
 	s.sockets[sk] = struct{}{}
 	s.mu.Unlock()
@@ -371,7 +450,11 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 	conn, err := s.rt.Connect(ctx, route.Path, r.URL.Query().Get("_pk"), r, sk)
 	if err != nil {
 		s.log.Warn("connect failed", "path", route.Path.String(), "err", err)
-		sk.Close(int(websocket.StatusInternalError), "agent unavailable")
+		if errors.Is(err, agent.ErrTooManyInstances) {
+			sk.Close(int(websocket.StatusTryAgainLater), "server busy")
+		} else {
+			sk.Close(int(websocket.StatusInternalError), "agent unavailable")
+		}
 		cancel()
 		<-writerDone
 		c.CloseNow()
@@ -424,115 +507,5 @@ func (s *Server) readLoop(ctx context.Context, c *websocket.Conn, conn *agent.Co
 			continue
 		}
 		conn.HandleFrame(ctx, data)
-	}
-}
-
-// socket is the agent.Transport of one WebSocket: a bounded queue drained by
-// one writer goroutine, so broadcasters never block on a slow client.
-type socket struct {
-	c            *websocket.Conn
-	writeTimeout time.Duration
-	maxFrames    int
-	maxBytes     int64
-	ready        chan struct{} // signalled when frames were queued
-
-	mu        sync.Mutex
-	queue     [][]byte // frames waiting for the writer, oldest first
-	queued    int64    // their bytes
-	closed    bool
-	done      chan struct{}
-	closeCode int
-	closeWhy  string
-}
-
-// Send queues a frame without blocking; a queue over its limits closes the
-// socket (1013, try again later).
-func (sk *socket) Send(frame []byte) bool {
-	sk.mu.Lock()
-	defer sk.mu.Unlock()
-	if sk.closed {
-		return false
-	}
-	if len(sk.queue) >= sk.maxFrames || sk.queued+int64(len(frame)) > sk.maxBytes {
-		sk.closeLocked(int(websocket.StatusTryAgainLater), "client too slow")
-		return false
-	}
-	sk.queue = append(sk.queue, frame)
-	sk.queued += int64(len(frame))
-	select {
-	case sk.ready <- struct{}{}:
-	default:
-	}
-	return true
-}
-
-// take removes and returns the queued frames.
-func (sk *socket) take() [][]byte {
-	sk.mu.Lock()
-	defer sk.mu.Unlock()
-	q := sk.queue
-	sk.queue, sk.queued = nil, 0
-	return q
-}
-
-// Close flushes queued frames and then closes the socket with code.
-func (sk *socket) Close(code int, reason string) {
-	sk.mu.Lock()
-	defer sk.mu.Unlock()
-	sk.closeLocked(code, reason)
-}
-
-// closedWith reports the code and reason of a close the server initiated.
-func (sk *socket) closedWith() (int, string, bool) {
-	sk.mu.Lock()
-	defer sk.mu.Unlock()
-	return sk.closeCode, sk.closeWhy, sk.closed
-}
-
-func (sk *socket) closeLocked(code int, reason string) {
-	if sk.closed {
-		return
-	}
-	sk.closed = true
-	sk.closeCode, sk.closeWhy = code, reason
-	close(sk.done)
-}
-
-func (sk *socket) writeLoop(ctx context.Context) {
-	write := func(frames [][]byte) bool {
-		for _, frame := range frames {
-			wctx, cancel := context.WithTimeout(ctx, sk.writeTimeout)
-			err := sk.c.Write(wctx, websocket.MessageText, frame)
-			cancel()
-			if err != nil {
-				return false
-			}
-		}
-		return true
-	}
-	for {
-		select {
-		case <-sk.ready:
-			if !write(sk.take()) {
-				sk.Close(int(websocket.StatusAbnormalClosure), "")
-				sk.c.CloseNow()
-				return
-			}
-		case <-sk.done:
-			// Flush what was queued before the close, then close.
-			if !write(sk.take()) {
-				sk.c.CloseNow()
-				return
-			}
-			sk.mu.Lock()
-			code, why := sk.closeCode, sk.closeWhy
-			sk.mu.Unlock()
-			if code == int(websocket.StatusAbnormalClosure) || code == 0 {
-				sk.c.CloseNow()
-			} else {
-				sk.c.Close(websocket.StatusCode(code), why)
-			}
-			return
-		}
 	}
 }

@@ -32,6 +32,10 @@ type Options struct {
 	Clock clockwork.Clock
 	// IdleTimeout for the runtime; zero means eviction is disabled.
 	IdleTimeout time.Duration
+	// MaxCallsPerConn and MaxInstances for the runtime; zero means the
+	// runtime's defaults.
+	MaxCallsPerConn int
+	MaxInstances    int
 	// Dir is the data folder; "" means a new temporary folder.
 	Dir string
 	// Server options (Runtime is filled in).
@@ -73,7 +77,8 @@ func Start(t testing.TB, opts Options) *Env {
 	if idle == 0 {
 		idle = -1
 	}
-	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: opts.Clock, IdleTimeout: idle, Logger: opts.Logger})
+	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: opts.Clock, IdleTimeout: idle, Logger: opts.Logger,
+		MaxCallsPerConn: opts.MaxCallsPerConn, MaxInstances: opts.MaxInstances})
 	if err != nil {
 		t.Fatal(err)
 	}
