@@ -261,6 +261,7 @@ type acceptRequest struct {
 	body         json.RawMessage
 	continuation bool
 	retain       bool
+	limited      bool // a client's request: refused beyond Config.MaxQueuedRequests
 }
 
 // SubmittedTurn returns the id of the turn submitted with idempotency key,
@@ -290,6 +291,10 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 		req.id = newID()
 	}
 	c.mu.Lock()
+	if max := c.cfg.MaxQueuedRequests; req.limited && max > 0 && len(c.queue) >= max {
+		c.mu.Unlock()
+		return "", ErrTooManyQueued
+	}
 	msgs := req.replace
 	if msgs == nil {
 		msgs = append(append([]message.Message(nil), c.msgs...), req.append...)

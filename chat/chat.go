@@ -18,6 +18,7 @@ package chat
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/agentry/agentry/agent"
@@ -101,6 +102,11 @@ type Config struct {
 	// FlushChunks is the most chunks one transaction writes, and the
 	// batch size that ends the batching window early; zero means 64.
 	FlushChunks int
+	// MaxQueuedRequests is how many turns may wait behind the running one
+	// before a client's further chat requests are refused (with an error
+	// response; turns submitted from Go, such as agent-tool notices, are
+	// never refused). Zero means 16; negative means no limit.
+	MaxQueuedRequests int
 	// Recovery holds the runtime's recovery budgets of interrupted turns
 	// (zero fields: the defaults); a class's RecoveryBudgets override
 	// them field by field.
@@ -121,6 +127,9 @@ func Configure(rt *agent.Runtime, cfg Config) {
 	if cfg.FlushChunks == 0 {
 		cfg.FlushChunks = 64
 	}
+	if cfg.MaxQueuedRequests == 0 {
+		cfg.MaxQueuedRequests = DefaultMaxQueuedRequests
+	}
 	rt.SetValue(configKey{}, cfg)
 }
 
@@ -128,8 +137,16 @@ func configOf(rt *agent.Runtime) Config {
 	if c, ok := rt.Value(configKey{}).(Config); ok {
 		return c
 	}
-	return Config{Retention: 10 * time.Minute, FlushInterval: defaultFlushInterval, FlushChunks: 64}
+	return Config{Retention: 10 * time.Minute, FlushInterval: defaultFlushInterval, FlushChunks: 64,
+		MaxQueuedRequests: DefaultMaxQueuedRequests}
 }
+
+// DefaultMaxQueuedRequests is Config.MaxQueuedRequests's default.
+const DefaultMaxQueuedRequests = 16
+
+// ErrTooManyQueued refuses a client's chat request while
+// Config.MaxQueuedRequests turns already wait.
+var ErrTooManyQueued = errors.New("chat: too many requests queued")
 
 const defaultFlushInterval = 100 * time.Millisecond
 

@@ -3,6 +3,8 @@ package chat
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/agentry/agentry/agent"
@@ -162,7 +164,12 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 	if dup {
 		return // the client re-sent a request that is already running
 	}
-	if _, err := c.accept(ctx, acceptRequest{replace: body.Messages, origin: conn, id: f.ID, body: rawExtra}); err != nil {
+	_, err := c.accept(ctx, acceptRequest{replace: body.Messages, origin: conn, id: f.ID, body: rawExtra, limited: true})
+	switch {
+	case errors.Is(err, ErrTooManyQueued):
+		fail(fmt.Sprintf("too many chat requests are queued on this agent (the limit is %d); send it again when a turn has ended",
+			c.cfg.MaxQueuedRequests))
+	case err != nil:
 		c.log.Error("chat: accept request", "err", err)
 		fail("could not accept the request")
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -496,5 +497,52 @@ func TestClientToolResult(t *testing.T) {
 	c1.send(map[string]any{"type": "cf_agent_tool_result", "toolCallId": "nope", "output": 1})
 	if f := c1.next(); f.Type == "cf_agent_message_updated" {
 		t.Fatalf("unknown tool call updated a message: %s", f.raw)
+	}
+}
+
+// TestQueuedRequestsBounded: while a turn runs, a client's further chat
+// requests queue up to Config.MaxQueuedRequests; the next one is refused
+// with an error response at once, and the queued ones still run.
+func TestQueuedRequestsBounded(t *testing.T) {
+	started := make(chan struct{}, 8)
+	release := make(chan struct{})
+	k := &kit{handle: func(ctx context.Context, tt *chat.Turn) error {
+		started <- struct{}{}
+		if err := agent.Await(ctx, func() error {
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}); err != nil {
+			return err
+		}
+		return tt.WriteText("ok")
+	}}
+	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{MaxQueuedRequests: 2}, handlerClass("Queue", k))
+	c := dial(t, env, "/agents/queue/q")
+	c.handshake()
+	c.request("r0", userMsgID("u0", "first"))
+	<-started
+	c.request("r1", userMsgID("u1", "second"))
+	c.request("r2", userMsgID("u2", "third"))
+	c.request("r3", userMsgID("u3", "one too many"))
+	refused := c.until(isDone("r3"))
+	last := refused[len(refused)-1]
+	if !bool(last.Error) || !strings.Contains(last.Body, "too many chat requests are queued") || !strings.Contains(last.Body, "limit is 2") {
+		t.Fatalf("r3 ended with %s, want the queue limit's error", last.raw)
+	}
+	for _, f := range refused {
+		if f.isResponse() && f.Done && f.ID != "r3" {
+			t.Fatalf("a queued request ended before the release: %s", f.raw)
+		}
+	}
+	close(release)
+	for _, id := range []string{"r0", "r1", "r2"} {
+		fs := c.until(isDone(id))
+		if end := fs[len(fs)-1]; bool(end.Error) || end.Outcome != "completed" {
+			t.Fatalf("%s ended with %s, want completed", id, end.raw)
+		}
 	}
 }
