@@ -62,6 +62,14 @@ type core struct {
 	follow   map[string]map[*follower]struct{} // stream id → live followers
 	ending   map[string]bool                   // canceled queued turns whose end is being recorded
 	release  func()                            // KeepAlive of the worker
+
+	// accepts counts accepted turns. A turn's end that cleared the wake
+	// flag in its own transaction records the count it saw (wakeClearedAt,
+	// wakeCleared): while no turn was accepted since, the worker going idle
+	// need not clear the flag again.
+	accepts       int
+	wakeClearedAt int
+	wakeCleared   bool
 }
 
 // StartLayer loads the transcript and resumes unfinished turns. The runtime
@@ -79,6 +87,9 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		ending:  map[string]bool{},
 	}
 	b.c = c
+	if b.Created() {
+		return nil // a new instance: no transcript, no turns
+	}
 	var unfinished []streamRow
 	err := rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
@@ -141,12 +152,39 @@ type SubmitOptions struct {
 	// lives instead of the retention window (agent-tool runs use it, since
 	// their parent replays them).
 	Retain bool
+	// Tx, when set, adds the caller's writes to the transaction that
+	// accepts the turn, so that they commit with it or not at all. It gets
+	// the turn's id (with an IdempotencyKey seen before, the earlier
+	// submission's id: Tx runs then too, and End is not attached). An error
+	// aborts the submission: nothing of it is stored or queued, and
+	// SubmitMessages returns the error. Tx must use only tx.
+	Tx func(ctx context.Context, tx store.Tx, id string) error
+	// End, when set, adds the caller's writes to the transaction that
+	// records the turn's end (see EndHook).
+	End *EndHook
+}
+
+// EndHook adds an owner's writes to the transaction that records a turn's
+// end (its last chunks, its message and its end), so that a layer above
+// the chat records its own end of the work in the same commit.
+type EndHook struct {
+	// Write runs inside that transaction, after the chat's own writes. res
+	// is the turn's result; next is the stream's next sequence (one past
+	// its last chunk). Write must use only tx: no other transaction, no
+	// call into the chat, no agent code. An error fails the transaction,
+	// like a storage failure. Write does not run for a stream that a clear
+	// deleted.
+	Write func(ctx context.Context, tx store.Tx, res TurnResult, next int) error
+	// Committed, if set, runs after the transaction and before the turn's
+	// waiters learn its end, with whether Write's writes were committed.
+	Committed func(ok bool)
 }
 
 // SubmitMessages appends msgs to the transcript and queues a turn without
 // waiting for it; it returns the turn id. Use WaitTurn to wait.
 func (b *Base) SubmitMessages(ctx context.Context, msgs []message.Message, opts SubmitOptions) (string, error) {
-	t, err := b.c.accept(ctx, acceptRequest{append: msgs, id: opts.ID, key: opts.IdempotencyKey, body: opts.Body, retain: opts.Retain})
+	t, err := b.c.accept(ctx, acceptRequest{append: msgs, id: opts.ID, key: opts.IdempotencyKey, body: opts.Body, retain: opts.Retain,
+		tx: opts.Tx, end: opts.End})
 	if err != nil {
 		return "", err
 	}
@@ -256,6 +294,8 @@ type acceptRequest struct {
 	body         json.RawMessage
 	continuation bool
 	retain       bool
+	tx           func(ctx context.Context, tx store.Tx, id string) error
+	end          *EndHook
 }
 
 // accept persists the new transcript and a queued turn in one transaction,
@@ -298,6 +338,9 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 		if req.key != "" {
 			err := tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
 			if err == nil {
+				if req.tx != nil {
+					return req.tx(ctx, tx, existing)
+				}
 				return nil
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO chat_submissions (instance_id, key, stream_id, created_at) VALUES (?, ?, ?, ?)`,
@@ -318,7 +361,13 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 			ON CONFLICT (instance_id, reason) DO NOTHING`, c.iid, wakeReason); err != nil {
 			return err
 		}
-		return insertStream(ctx, tx, c.iid, row, now)
+		if err := insertStream(ctx, tx, c.iid, row, now); err != nil {
+			return err
+		}
+		if req.tx != nil {
+			return req.tx(ctx, tx, row.ID)
+		}
+		return nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("chat: accept turn: %w", err)
@@ -333,7 +382,9 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	}
 	c.msgs = msgs
 	t := c.newTurn(row, req.origin)
+	t.end = req.end
 	c.queue = append(c.queue, t)
+	c.accepts++
 	c.mu.Unlock()
 	// The other connections see the new message before the turn that
 	// answers it starts streaming.
@@ -410,8 +461,11 @@ func (c *core) work(ctx context.Context) {
 			release := c.release
 			c.release = nil
 			idle := len(c.queue) == 0
+			// The last turn's end cleared the flag already, and nothing
+			// was accepted since.
+			cleared := c.wakeCleared && c.wakeClearedAt == c.accepts
 			c.mu.Unlock()
-			if idle && ctx.Err() == nil {
+			if idle && !cleared && ctx.Err() == nil {
 				c.clearWakeIfIdle(ctx)
 			}
 			if release != nil {
@@ -447,15 +501,19 @@ func (c *core) work(ctx context.Context) {
 // storage. One guarded statement, so a turn accepted concurrently (which sets
 // the flag in its own transaction) never loses it.
 func (c *core) clearWakeIfIdle(ctx context.Context) {
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
-			AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
-			c.iid, wakeReason, c.iid, statusDone)
-		return err
-	})
+	err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("chat: clear wake flag", "err", err)
 	}
+}
+
+// clearWake is clearWakeIfIdle's statement, for a transaction of its own
+// or a turn's end.
+func (c *core) clearWake(ctx context.Context, tx store.Tx) error {
+	_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
+		AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
+		c.iid, wakeReason, c.iid, statusDone)
+	return err
 }
 
 type follower struct{ fn func(seq int, body string) }
@@ -476,11 +534,17 @@ func (b *Base) FollowStream(ctx context.Context, id string, afterSeq int, fn fun
 			fn(seq, body)
 		}
 	}
+	queued := false
+	for _, t := range c.queue {
+		// A queued turn has committed nothing (a recovered one gets its
+		// stored chunks delivered when it starts, see prepareRecovery).
+		queued = queued || t.row.ID == id
+	}
 	if t := c.active; t != nil && t.row.ID == id {
 		for _, sc := range t.chunks {
 			deliver(sc.Seq, sc.Body)
 		}
-	} else {
+	} else if !queued {
 		var chunks []storedChunk
 		err := c.rt.DB().View(ctx, func(tx store.Tx) error {
 			var err error

@@ -24,6 +24,7 @@ type turn struct {
 	recovering bool
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
+	end        *EndHook // the submitter's writes at the end, if any
 
 	// Guarded by c.mu: the stream as clients see it. chunks are the
 	// committed chunks (the output gate: only those reach clients);
@@ -35,6 +36,9 @@ type turn struct {
 	flushing   bool          // a flusher goroutine is running
 	kick       chan struct{} // ends the flusher's batching window early
 	lastCommit time.Time     // when the stream's last commit began (real time)
+	// unmarked: the turn runs, and its status (streaming, one more
+	// attempt) rides on its next commit. Guarded by commitMu.
+	unmarked bool
 
 	commitMu sync.Mutex // serializes commits of the stream, and so the order clients see
 	writeMu  sync.Mutex // serializes writes (tools run in parallel)
@@ -287,6 +291,11 @@ func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (g
 			gone = !ok
 			return err
 		}
+		if t.unmarked {
+			if err := markStreaming(ctx, tx, c.iid, t.row.ID); err != nil {
+				return err
+			}
+		}
 		if extra != nil {
 			return extra(tx)
 		}
@@ -295,8 +304,16 @@ func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (g
 	if err != nil || gone {
 		return gone, err
 	}
+	t.unmarked = false
 	t.publish(batch)
 	return false, nil
+}
+
+// markStreaming records that a turn runs (once more).
+func markStreaming(ctx context.Context, tx store.Tx, iid int64, id string) error {
+	_, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, attempts = attempts + 1 WHERE instance_id = ? AND id = ?`,
+		statusStreaming, iid, id)
+	return err
 }
 
 // publish sends committed chunks to the connections that are not waiting
@@ -376,14 +393,16 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 			return c.finishTurn(ctx, t, OutcomeError, "the turn was interrupted by a restart")
 		}
 	}
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, attempts = attempts + 1 WHERE instance_id = ? AND id = ?`,
-			statusStreaming, c.iid, t.row.ID)
-		return err
-	})
-	if err != nil {
-		return c.finishTurn(ctx, t, OutcomeError, "persist turn: "+err.Error())
-	}
+	// The turn's status (streaming) is written with its first commit,
+	// which for a new turn is its start chunk, committed at once (a quiet
+	// stream). Until then nothing of the turn was stored or sent, and a
+	// crash leaves it queued. Agent code of its own (a Handler, a recovered
+	// turn) starts only after that commit, so that it never runs again
+	// unmarked as a fresh queued turn after a crash.
+	t.commitMu.Lock()
+	t.unmarked = true
+	t.commitMu.Unlock()
+	_, custom := c.self.(Handler)
 
 	if t.builder == nil {
 		t.builder = message.NewBuilder(t.row.MessageID)
@@ -399,6 +418,13 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 			start := message.Start(t.row.MessageID)
 			_ = t.builder.Apply(start)
 			t.send(start)
+		}
+	}
+	if custom || t.recovering {
+		// A commit with writes of its own (none here) runs even with no
+		// chunk waiting, and marks the turn.
+		if err := t.commit(ctx, func(store.Tx) error { return nil }); err != nil {
+			return c.finishTurn(ctx, t, OutcomeError, "persist turn: "+err.Error())
 		}
 	}
 	tt := &Turn{t: t, ID: t.row.ID, MessageID: t.row.MessageID, Messages: transcript, Body: t.row.Body,
@@ -664,6 +690,12 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 			break
 		}
 	}
+	// With no turn queued behind it, the end also drops the wake flag (the
+	// statement is guarded: a turn accepted meanwhile keeps it).
+	c.mu.Lock()
+	idle, accepts := len(c.queue) == 0, c.accepts
+	c.mu.Unlock()
+	wrote := false
 	gone, err := t.commitGone(ctx, func(tx store.Tx) error {
 		if reorder {
 			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
@@ -683,9 +715,26 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff)
-		return err
+		if _, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff); err != nil {
+			return err
+		}
+		if idle {
+			if err := c.clearWake(ctx, tx); err != nil {
+				return err
+			}
+		}
+		if t.end != nil && t.end.Write != nil {
+			c.mu.Lock()
+			next := t.nextSeq
+			c.mu.Unlock()
+			wrote = true
+			return t.end.Write(ctx, tx, res, next)
+		}
+		return nil
 	})
+	if t.end != nil && t.end.Committed != nil {
+		t.end.Committed(wrote && err == nil && !gone)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// Shutting down: the turn stays unfinished and recovers on start.
@@ -694,6 +743,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		c.log.Error("chat: persist turn end", "stream", t.row.ID, "err", err)
 	}
 	c.mu.Lock()
+	if err == nil && !gone && idle {
+		c.wakeCleared, c.wakeClearedAt = true, accepts
+	}
 	stale := c.gen != gen || gone
 	if !stale {
 		c.msgs = msgs
