@@ -8,11 +8,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/ids"
 	"github.com/agentry/agentry/store"
 )
 
@@ -330,8 +329,8 @@ func turnEnd(res chat.TurnResult, reason string) childEnd {
 	return childEnd{status: StatusCompleted, summary: res.Text()}
 }
 
-// newID names a child's turn.
-func newID() string { return uuid.NewString() }
+// newID names a child's turn (in creation order, like the chat's own ids).
+func newID() string { return ids.Sorted() }
 
 func orNull(b json.RawMessage) json.RawMessage {
 	if len(b) == 0 {

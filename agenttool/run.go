@@ -11,6 +11,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/internal/ids"
 	"github.com/agentry/agentry/store"
 )
 
@@ -57,7 +58,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	runID := opts.RunID
 	if runID == "" {
-		runID = newID()
+		runID = ids.Random()
 	}
 	det, err := h.detachedColumns(opts.Detached, h.rt.Clock().Now())
 	if err != nil {

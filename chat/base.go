@@ -7,11 +7,10 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/google/uuid"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/ids"
 	"github.com/agentry/agentry/store"
 )
 
@@ -395,13 +394,13 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	return row.ID, nil
 }
 
-func newID() string {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return uuid.NewString()
-	}
-	return id.String()
-}
+// newID names a stream, a message or a part: short, and in creation order
+// (streams of one millisecond recover in the order they were accepted).
+func newID() string { return ids.Sorted() }
+
+// newPartID names a part of a message: it needs no order, only to differ
+// from the message's other parts, and it is in every chunk of the part.
+func newPartID() string { return ids.Random() }
 
 // trailingUserIDs returns the ids of the user messages after the last
 // assistant message.

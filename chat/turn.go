@@ -140,7 +140,7 @@ func (tt *Turn) Write(ch message.Chunk) error { return tt.t.write(ch) }
 
 // WriteText streams s as one text part.
 func (tt *Turn) WriteText(s string) error {
-	id := newID()
+	id := newPartID()
 	for _, ch := range []message.Chunk{message.TextStart(id), message.TextDelta(id, s), message.TextEnd(id)} {
 		if err := tt.t.write(ch); err != nil {
 			return err
