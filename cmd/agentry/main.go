@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/internal/serve"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
@@ -31,7 +31,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "serve":
-		err = serve(os.Args[2:])
+		err = runServe(os.Args[2:])
 	case "chat":
 		err = runChat(context.Background(), os.Args[2:], os.Stdin, os.Stdout)
 	case "runs":
@@ -62,7 +62,7 @@ commands:
   runs    list, inspect, cancel or clear the Assistant's helper runs`)
 }
 
-func serve(args []string) error {
+func runServe(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
 	addr := fs.String("addr", "127.0.0.1:8787", "address to listen on")
 	data := fs.String("data", "./data", "data folder (SQLite database)")
@@ -85,7 +85,7 @@ func serve(args []string) error {
 		return err
 	}
 	defer db.Close()
-	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay})
+	d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay})
 	if err != nil {
 		return err
 	}
@@ -95,20 +95,12 @@ func serve(args []string) error {
 		d.Close()
 		return err
 	}
-	hs := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// The port answers at once; interrupted work recovers meanwhile.
 	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "playground", "http://"+ln.Addr().String()+"/", "data", *data)
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
+	err = serve.Run(ctx, serve.Config{Listener: ln, Handler: d.Handler(), Runtime: d.Runtime, Logger: logger})
 	logger.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		logger.Warn("http shutdown", "err", err)
+	if cerr := d.Close(); err == nil {
+		err = cerr
 	}
-	return d.Close()
+	return err
 }
