@@ -387,15 +387,17 @@ func (h *host) watchRun(cr *childRun) {
 
 // watch waits for the run's turn and records its end.
 func (h *host) watch(ctx context.Context, cr *childRun) {
+	if h.endOf(cr) != nil {
+		// The turn's end transaction recorded the run's end already.
+		h.closeRun(cr)
+		return
+	}
 	cb, _ := chatOf(h.a)
 	res, err := cb.WaitTurn(ctx, cr.streamID)
 	if ctx.Err() != nil {
 		return // shutting down: the run resumes with the process
 	}
-	h.mu.Lock()
-	recorded := cr.ended != nil
-	h.mu.Unlock()
-	if recorded {
+	if h.endOf(cr) != nil {
 		// The turn's end transaction recorded the run's end.
 		h.closeRun(cr)
 		return

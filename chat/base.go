@@ -51,6 +51,7 @@ type core struct {
 	msgs     []message.Message
 	queue    []*turn
 	active   *turn
+	current  *turn // the worker's turn: active, then ending until its waiters are told
 	working  bool
 	gen      int                    // bumped by clear; stale turns do not persist
 	deferred bool                   // a transcript broadcast waits for the active turn's end
@@ -206,7 +207,7 @@ func (b *Base) SaveMessages(ctx context.Context, msgs []message.Message) (TurnRe
 func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
 	c := b.c
 	c.mu.Lock()
-	live := (c.active != nil && c.active.row.ID == id) || c.ending[id]
+	live := (c.current != nil && c.current.row.ID == id) || c.ending[id]
 	for _, t := range c.queue {
 		live = live || t.row.ID == id
 	}
@@ -474,13 +475,13 @@ func (c *core) work(ctx context.Context) {
 		}
 		t := c.queue[0]
 		c.queue = c.queue[1:]
-		c.active = t
+		c.active, c.current = t, t
 		c.mu.Unlock()
 
 		res := c.run(ctx, t)
 
 		c.mu.Lock()
-		c.active = nil
+		c.active, c.current = nil, nil
 		waiters := c.waiters[t.row.ID]
 		delete(c.waiters, t.row.ID)
 		c.mu.Unlock()
@@ -539,7 +540,9 @@ func (b *Base) FollowStream(ctx context.Context, id string, afterSeq int, fn fun
 		// stored chunks delivered when it starts, see prepareRecovery).
 		queued = queued || t.row.ID == id
 	}
-	if t := c.active; t != nil && t.row.ID == id {
+	if t := c.current; t != nil && t.row.ID == id {
+		// Running, or ended and its waiters not told yet: its committed
+		// chunks are all in memory.
 		for _, sc := range t.chunks {
 			deliver(sc.Seq, sc.Body)
 		}
