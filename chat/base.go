@@ -52,6 +52,11 @@ type core struct {
 	queue    []*turn
 	active   *turn
 	current  *turn // the worker's turn: active, then ending until its waiters are told
+	// last is the most recent turn whose end committed, with its result,
+	// if its stream is short (lastChunks): a waiter or follower that
+	// comes just after the end reads nothing. A clear forgets it.
+	last       *turn
+	lastResult TurnResult
 	working  bool
 	gen      int                    // bumped by clear; stale turns do not persist
 	deferred bool                   // a transcript broadcast waits for the active turn's end
@@ -226,6 +231,12 @@ func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
 			}
 		})
 		return r, err
+	}
+	if t := c.last; t != nil && t.row.ID == id {
+		r := c.lastResult
+		r.Message = r.Message.Clone()
+		c.mu.Unlock()
+		return r, nil
 	}
 	c.mu.Unlock()
 	return c.storedResult(ctx, id)
@@ -540,9 +551,13 @@ func (b *Base) FollowStream(ctx context.Context, id string, afterSeq int, fn fun
 		// stored chunks delivered when it starts, see prepareRecovery).
 		queued = queued || t.row.ID == id
 	}
-	if t := c.current; t != nil && t.row.ID == id {
-		// Running, or ended and its waiters not told yet: its committed
-		// chunks are all in memory.
+	t := c.current
+	if t == nil || t.row.ID != id {
+		t = c.last
+	}
+	if t != nil && t.row.ID == id {
+		// Running, or ended (its waiters not told yet, or the last turn
+		// that ended): its committed chunks are all in memory.
 		for _, sc := range t.chunks {
 			deliver(sc.Seq, sc.Body)
 		}

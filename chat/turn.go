@@ -746,6 +746,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	if err == nil && !gone && idle {
 		c.wakeCleared, c.wakeClearedAt = true, accepts
 	}
+	if err == nil && !gone && c.gen == gen && len(t.chunks) <= lastChunks {
+		c.last, c.lastResult = t, res
+	}
 	stale := c.gen != gen || gone
 	if !stale {
 		c.msgs = msgs
@@ -787,6 +790,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	c.rt.Diag().Publish(diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
 	return res
 }
+
+// lastChunks bounds the stream of a turn kept as the last one ended.
+const lastChunks = 256
 
 // broadcastTranscript sends the transcript to every connection but
 // exclude. While a turn runs, the transcript lacks the message it streams,

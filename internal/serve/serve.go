@@ -64,6 +64,9 @@ func Run(ctx context.Context, c Config) error {
 	select {
 	case err = <-errc:
 	case err = <-startc:
+		if errors.Is(err, agent.ErrClosed) {
+			err = nil // closed under its start-up: a shutdown
+		}
 		if err != nil {
 			err = fmt.Errorf("start: %w", err)
 			break
