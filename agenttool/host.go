@@ -154,6 +154,9 @@ func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
 		if marks := h.replayed[c]; marks != nil {
 			if hw, ok := marks[ev.RunID]; ok {
 				if seq <= hw {
+					if seq == hw {
+						delete(marks, ev.RunID) // caught up
+					}
 					continue // the replay sent it already
 				}
 				delete(marks, ev.RunID) // the forwarder has caught up
