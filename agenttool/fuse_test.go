@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
-	"time"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"

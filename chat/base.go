@@ -47,26 +47,26 @@ type core struct {
 
 	acceptMu sync.Mutex // serializes every change to the transcript (and so keeps turns in order)
 
-	mu       sync.Mutex
-	msgs     []message.Message
-	queue    []*turn
-	active   *turn
-	current  *turn // the worker's turn: active, then ending until its waiters are told
+	mu      sync.Mutex
+	msgs    []message.Message
+	queue   []*turn
+	active  *turn
+	current *turn // the worker's turn: active, then ending until its waiters are told
 	// last is the most recent turn whose end committed, with its result,
 	// if its stream is short (lastChunks): a waiter or follower that
 	// comes just after the end reads nothing. A clear forgets it.
 	last       *turn
 	lastResult TurnResult
-	working  bool
-	gen      int                    // bumped by clear; stale turns do not persist
-	deferred bool                   // a transcript broadcast waits for the active turn's end
-	admitted map[*agent.Conn]bool   // connections the layer has greeted
-	pending  map[*agent.Conn]string // offered a stream, not yet acknowledged
-	awaiting map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
-	waiters  map[string][]chan TurnResult
-	follow   map[string]map[*follower]struct{} // stream id → live followers
-	ending   map[string]bool                   // canceled queued turns whose end is being recorded
-	release  func()                            // KeepAlive of the worker
+	working    bool
+	gen        int                    // bumped by clear; stale turns do not persist
+	deferred   bool                   // a transcript broadcast waits for the active turn's end
+	admitted   map[*agent.Conn]bool   // connections the layer has greeted
+	pending    map[*agent.Conn]string // offered a stream, not yet acknowledged
+	awaiting   map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
+	waiters    map[string][]chan TurnResult
+	follow     map[string]map[*follower]struct{} // stream id → live followers
+	ending     map[string]bool                   // canceled queued turns whose end is being recorded
+	release    func()                            // KeepAlive of the worker
 
 	// accepts counts accepted turns. A turn's end that cleared the wake
 	// flag in its own transaction records the count it saw (wakeClearedAt,
