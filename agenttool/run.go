@@ -216,6 +216,12 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 	running := run
 	running.Status = StatusRunning
 	exists := false
+	// A connection from the commit on replays the run (its child streams
+	// at once, before the started event goes out); "some runs" only costs
+	// a connection a listing if the dispatch fails.
+	h.mu.Lock()
+	h.hasRuns = 1
+	h.mu.Unlock()
 	cr, started, err := ch.startChildRun(ctx, run.RunID, input,
 		ChildRequest{RunID: run.RunID, AgentType: run.AgentType, ParentPath: h.b.Path()},
 		childStart{fuse: &parentFuse{parent: h, runID: run.RunID}, parentTx: func(ctx context.Context, tx store.Tx) error {
@@ -243,9 +249,6 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 	if err != nil || !started {
 		return Result{}, nil, false
 	}
-	h.mu.Lock()
-	h.hasRuns = 1
-	h.mu.Unlock()
 	h.announce(ctx, parent, run)
 	res, err = h.await(awaitCtx, runRow{Run: running, det: det}, child, cr, reattachLimits{})
 	return res, err, true
