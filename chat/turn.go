@@ -347,16 +347,24 @@ func (t *turn) publish(batch []storedChunk) {
 			f.fn(seq, sc.Body)
 		}
 	}
-	if !t.started {
-		t.started = true
-		// Clients that probed while the turn was queued get their offer now.
-		offer := encode(probeFrame{Type: frameResuming, ID: t.row.ID})
-		for conn := range c.awaiting {
-			c.pending[conn] = t.row.ID
-			conn.SendRaw(offer)
-		}
-		clear(c.awaiting)
+	t.startedLocked()
+}
+
+// startedLocked records that the turn's stream has begun for clients: the
+// connections that probed before (told "pending") get their offer now. c.mu
+// held.
+func (t *turn) startedLocked() {
+	if t.started {
+		return
 	}
+	c := t.c
+	t.started = true
+	offer := encode(probeFrame{Type: frameResuming, ID: t.row.ID})
+	for conn := range c.awaiting {
+		c.pending[conn] = t.row.ID
+		conn.SendRaw(offer)
+	}
+	clear(c.awaiting)
 }
 
 // run executes one turn to its end and returns its result.
@@ -515,7 +523,11 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	c.mu.Lock()
 	t.chunks = chunks
 	t.kept = len(chunks)
-	t.started = len(chunks) > 0
+	if len(chunks) > 0 {
+		// A connection that probed while the turn was recovering gets its
+		// offer of the kept stream.
+		t.startedLocked()
+	}
 	// A follower that joined while the turn was active but not yet
 	// recovered has nothing yet: it gets the stored stream now (each
 	// follower skips what it already has).
