@@ -62,6 +62,12 @@ func (b *Base) Diag() *diag.Hub { return b.in.rt.diag }
 // their own tables by it.
 func (b *Base) InstanceID() int64 { return b.in.id }
 
+// Created reports whether this hydration created the instance: its row was
+// inserted by it, so no table holds anything of the instance yet and a
+// layer's StartLayer has nothing to load or resume. A later hydration of the
+// same instance (after an eviction or a restart) reports false.
+func (b *Base) Created() bool { return b.in.created }
+
 // State returns the current state as JSON, or nil when none was set.
 func (b *Base) State() json.RawMessage { return b.in.getState() }
 

@@ -26,6 +26,7 @@ type instance struct {
 	ready      chan struct{} // closed when hydration finished
 	hydrateErr error
 	id         int64 // row id in instances
+	created    bool  // this hydration created the row (set before the layers start)
 
 	// busy, lastActive, gone and the idle list links are guarded by rt.mu.
 	busy       int
@@ -139,10 +140,18 @@ func (in *instance) hydrate() {
 		for i := range in.path {
 			p := in.path[:i+1]
 			now := rt.clock.Now().UnixMilli()
-			if _, err := tx.Exec(ctx, `INSERT INTO instances (path, class, name, parent_id, created_at)
+			res, err := tx.Exec(ctx, `INSERT INTO instances (path, class, name, parent_id, created_at)
 				VALUES (?, ?, ?, ?, ?) ON CONFLICT (path) DO NOTHING`,
-				p.String(), p.Leaf().Class, p.Leaf().Name, parent, now); err != nil {
+				p.String(), p.Leaf().Class, p.Leaf().Name, parent, now)
+			if err != nil {
 				return err
+			}
+			if i == len(in.path)-1 {
+				n, err := res.RowsAffected()
+				if err != nil {
+					return err
+				}
+				in.created = n == 1
 			}
 			var id int64
 			var state sql.NullString

@@ -216,6 +216,14 @@ func (rt *Runtime) Start(ctx context.Context) error {
 	if err := rt.wakeAll(ctx); err != nil {
 		return err
 	}
+	// A Close that ran during the wake-up (a server shut down while its
+	// runtime recovered) has waited for the background work already:
+	// start none after it.
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.closed {
+		return ErrClosed
+	}
 	if err := rt.sched.start(ctx); err != nil {
 		return err
 	}

@@ -8,11 +8,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/ids"
 	"github.com/agentry/agentry/store"
 )
 
@@ -77,29 +76,85 @@ type childRun struct {
 	done     chan struct{}
 	reason   string   // cancel reason, guarded by host.mu
 	emitter  *emitter // progress coalescing, guarded by host.mu
+
+	// Guarded by host.mu. pending is the end the turn's end transaction
+	// wrote (see endHook), ended the same end once committed: the
+	// watcher then writes nothing, and the awaiting parent reads nothing.
+	pending, ended *childEnd
+	// fuse, when set, lets the turn's end transaction also write the
+	// awaiting parent's terminal row.
+	fuse *parentFuse
+}
+
+// childEnd is a run's end as recorded in the child's row.
+type childEnd struct {
+	status  Status
+	summary string
+	output  json.RawMessage
+	errText string
+}
+
+func (e *childEnd) inspection(runID string) Inspection {
+	return Inspection{RunID: runID, Status: e.status, Summary: e.summary, Output: e.output, Error: e.errText}
+}
+
+// Fuse states.
+const (
+	fuseArmed    = iota // the child's end may write the parent's row
+	fuseClaimed         // the child's end transaction writes it
+	fuseDone            // that transaction ended (committed tells how)
+	fuseDisarmed        // the parent stopped waiting before the end claimed it
+)
+
+// parentFuse joins the end of a child's turn and the awaiting parent's
+// terminal row in one transaction. Both instances live in one runtime and
+// share its database. The child's end claims the fuse only for a completed
+// run, whose terminal row no later decision of the parent (a cancel, a
+// give-up) would change. The parent disarms the fuse once it stops waiting;
+// when the claim came first, it waits for the end instead. Its fields are
+// guarded by the child host's mu.
+type parentFuse struct {
+	parent    *host
+	runID     string
+	state     int
+	committed bool
+	won       bool
+	marks     []int
 }
 
 func chatOf(a agent.Agent) (*chat.Base, bool) { return agent.LayerOf[*chat.Base](a) }
 
+// childStart are the optional parts of startChildRun.
+type childStart struct {
+	// parentTx adds the parent's writes to the transaction that starts
+	// the run (see startChildRun); an error aborts the start.
+	parentTx func(ctx context.Context, tx store.Tx) error
+	// fuse is armed on the run (see parentFuse).
+	fuse *parentFuse
+}
+
 // startChildRun starts the run in this child, idempotently: a run id that
-// already has a row is not started again.
-func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMessage, req ChildRequest) (*childRun, error) {
+// already has a row is not started again. The child's record of the run
+// (with its turn's id) and the turn are written in one transaction, with
+// opt.parentTx's writes. started reports whether that transaction ran (and
+// so parentTx); it does not for a run this child knew already.
+func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMessage, req ChildRequest, opt childStart) (cr *childRun, started bool, err error) {
 	cb, ok := chatOf(h.a)
 	if !ok {
-		return nil, errNoChat
+		return nil, false, errNoChat
 	}
 	h.mu.Lock()
 	if cr, ok := h.child[runID]; ok {
 		h.mu.Unlock()
-		return cr, nil
+		return cr, false, nil
 	}
 	h.mu.Unlock()
 	insp, err := h.inspectChild(ctx, runID)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if insp != nil && insp.RequestID != "" {
-		return h.track(runID, insp.RequestID, insp.Status != childRunning), nil
+		return h.track(runID, insp.RequestID, insp.Status != childRunning), false, nil
 	}
 	if insp != nil && (len(input) == 0 || string(input) == "null") {
 		// Recorded but never started (a crash in between): start it with
@@ -109,14 +164,6 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 		}
 	}
 	now := h.rt.Clock().Now().UnixMilli()
-	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO agent_tool_child_runs (instance_id, run_id, status, input_json, started_at)
-			VALUES (?, ?, ?, ?, ?) ON CONFLICT (instance_id, run_id) DO NOTHING`, h.iid, runID, childRunning, nullStr(string(input)), now)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("agenttool: record child run: %w", err)
-	}
 	msg := defaultInputMessage(input, runID)
 	if f, ok := h.a.(InputFormatter); ok {
 		_ = agent.Enter(agent.Unheld(ctx), h.a, func(context.Context) error {
@@ -127,33 +174,163 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	body, _ := json.Marshal(map[string]json.RawMessage{"agentToolInput": orNull(input)})
 	// The run is known under its turn's id before the turn starts, so the
 	// child's first ReportProgress already finds it.
-	cr := &childRun{runID: runID, streamID: uuid.NewString(), done: make(chan struct{})}
+	cr = &childRun{runID: runID, streamID: newID(), done: make(chan struct{}), fuse: opt.fuse}
 	h.mu.Lock()
 	if other, ok := h.child[runID]; ok {
 		h.mu.Unlock()
-		return other, nil
+		return other, false, nil
 	}
 	h.child[runID] = cr
 	h.mu.Unlock()
 	streamID, err := cb.SubmitMessages(ctx, []message.Message{msg}, chat.SubmitOptions{
-		ID: cr.streamID, IdempotencyKey: submissionKey(runID), Body: body, Retain: true})
+		ID: cr.streamID, IdempotencyKey: submissionKey(runID), Body: body, Retain: true,
+		Tx: func(ctx context.Context, tx store.Tx, streamID string) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO agent_tool_child_runs (instance_id, run_id, request_id, status, input_json, started_at)
+				VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (instance_id, run_id) DO UPDATE SET request_id = excluded.request_id`,
+				h.iid, runID, streamID, childRunning, nullStr(string(input)), now); err != nil {
+				return fmt.Errorf("agenttool: record child run: %w", err)
+			}
+			if opt.parentTx != nil {
+				return opt.parentTx(ctx, tx)
+			}
+			return nil
+		},
+		End: h.endHook(cr)})
 	if err != nil {
 		h.mu.Lock()
 		delete(h.child, runID)
 		h.mu.Unlock()
-		return nil, fmt.Errorf("agenttool: start child turn: %w", err)
+		return nil, false, fmt.Errorf("agenttool: start child turn: %w", err)
 	}
 	if streamID != cr.streamID {
 		h.mu.Lock()
 		cr.streamID = streamID // an earlier submission of this run keeps its id
 		h.mu.Unlock()
 	}
-	if err := h.recordTurnID(ctx, runID, streamID); err != nil {
-		return nil, err
-	}
 	h.watchRun(cr)
-	return cr, nil
+	return cr, true, nil
 }
+
+// endHook records the run's end in the transaction of its turn's end, and
+// with a fuse armed also the parent's terminal row of a completed run. A
+// child with output or summary hooks has none: those are agent code, which
+// runs after the turn's end, so its watcher records the end.
+func (h *host) endHook(cr *childRun) *chat.EndHook {
+	if _, ok := h.a.(OutputProvider); ok {
+		return nil
+	}
+	if _, ok := h.a.(SummaryProvider); ok {
+		return nil
+	}
+	return &chat.EndHook{
+		Write: func(ctx context.Context, tx store.Tx, res chat.TurnResult, next int) error {
+			h.mu.Lock()
+			reason := cr.reason
+			h.mu.Unlock()
+			end := turnEnd(res, reason)
+			now := h.rt.Clock().Now()
+			r, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, summary = ?, output_json = ?, error_message = ?, completed_at = ?
+				WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`,
+				end.status, nullStr(end.summary), nil, nullStr(end.errText), now.UnixMilli(), h.iid, cr.runID)
+			if err != nil {
+				return err
+			}
+			if n, err := r.RowsAffected(); err != nil || n != 1 {
+				return err // recorded before: the watcher reads what it is
+			}
+			h.mu.Lock()
+			cr.pending = &end
+			f := cr.fuse
+			claimed := f != nil && f.state == fuseArmed && end.status == StatusCompleted
+			if claimed {
+				f.state = fuseClaimed
+			}
+			h.mu.Unlock()
+			if !claimed {
+				return nil
+			}
+			won, marks, err := writeTerminalTx(ctx, tx, f.parent.iid, cr.runID,
+				Result{Status: StatusCompleted, Summary: end.summary}, next, now.UnixMilli())
+			h.mu.Lock()
+			f.won, f.marks = won, marks
+			h.mu.Unlock()
+			return err
+		},
+		Committed: func(ok bool) {
+			h.mu.Lock()
+			if ok {
+				cr.ended = cr.pending
+			}
+			cr.pending = nil
+			if f := cr.fuse; f != nil && f.state == fuseClaimed {
+				f.state, f.committed = fuseDone, ok
+			}
+			h.mu.Unlock()
+		},
+	}
+}
+
+// disarm tells a run's fuse that its parent stops waiting. It reports
+// whether the child's end claimed the fuse first: the parent then waits for
+// the run's end and takes the fused result.
+func (h *host) disarm(cr *childRun) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f := cr.fuse
+	if f == nil {
+		return false
+	}
+	if f.state == fuseArmed {
+		f.state = fuseDisarmed
+		return false
+	}
+	return f.state != fuseDisarmed
+}
+
+// fused returns, once, the parent's terminal write that the child's end
+// committed (ok false: there was none). The fuse is spent: a later
+// re-attach to the same run writes its own terminal.
+func (h *host) fused(cr *childRun) (won bool, marks []int, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f := cr.fuse
+	cr.fuse = nil
+	if f == nil || f.state != fuseDone || !f.committed {
+		return false, nil, false
+	}
+	return f.won, f.marks, true
+}
+
+// endOf returns the end the run recorded in this process, if any.
+func (h *host) endOf(cr *childRun) *childEnd {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return cr.ended
+}
+
+// turnEnd is a run's end from its turn's result (reason: the cancel reason
+// given to the run, if any), without the output hooks.
+func turnEnd(res chat.TurnResult, reason string) childEnd {
+	switch res.Outcome {
+	case chat.OutcomeAborted:
+		if reason == "" {
+			reason = msgCancelled
+		}
+		return childEnd{status: StatusAborted, errText: reason}
+	case chat.OutcomeSkipped:
+		return childEnd{status: StatusError, errText: msgSkipped}
+	case chat.OutcomeError:
+		e := res.Error
+		if e == "" {
+			e = "Agent tool run failed during streaming."
+		}
+		return childEnd{status: StatusError, errText: e}
+	}
+	return childEnd{status: StatusCompleted, summary: res.Text()}
+}
+
+// newID names a child's turn (in creation order, like the chat's own ids).
+func newID() string { return ids.Sorted() }
 
 func orNull(b json.RawMessage) json.RawMessage {
 	if len(b) == 0 {
@@ -210,10 +387,20 @@ func (h *host) watchRun(cr *childRun) {
 
 // watch waits for the run's turn and records its end.
 func (h *host) watch(ctx context.Context, cr *childRun) {
+	if h.endOf(cr) != nil {
+		// The turn's end transaction recorded the run's end already.
+		h.closeRun(cr)
+		return
+	}
 	cb, _ := chatOf(h.a)
 	res, err := cb.WaitTurn(ctx, cr.streamID)
 	if ctx.Err() != nil {
 		return // shutting down: the run resumes with the process
+	}
+	if h.endOf(cr) != nil {
+		// The turn's end transaction recorded the run's end.
+		h.closeRun(cr)
+		return
 	}
 	status, errText := StatusCompleted, ""
 	h.mu.Lock()
@@ -280,15 +467,31 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 		}
 	}
 	now := h.rt.Clock().Now().UnixMilli()
+	var wrote bool
 	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, summary = ?, output_json = ?, error_message = ?, completed_at = ?
+		r, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, summary = ?, output_json = ?, error_message = ?, completed_at = ?
 			WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`,
 			status, nullStr(summary), nullStr(string(output)), nullStr(errText), now, h.iid, cr.runID)
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		wrote = n == 1
 		return err
 	})
 	if err != nil && ctx.Err() == nil {
 		h.b.Logger().Error("agenttool: finalize child run", "run", cr.runID, "err", err)
 	}
+	if err == nil && wrote {
+		h.mu.Lock()
+		cr.ended = &childEnd{status: status, summary: summary, output: output, errText: errText}
+		h.mu.Unlock()
+	}
+	h.closeRun(cr)
+}
+
+// closeRun ends a run's watch: the run stays known, its done closed.
+func (h *host) closeRun(cr *childRun) {
 	h.mu.Lock()
 	// The ended run stays known (its done closed): a follower that read
 	// the run as running just before this end was recorded must find this
@@ -304,6 +507,13 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 // inspectChild returns the child's record of a run, or nil when the child
 // has none (which means "not known yet", never failure).
 func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, error) {
+	h.mu.Lock()
+	_, known := h.child[runID]
+	h.mu.Unlock()
+	if h.fresh && !known {
+		// Created by this hydration: every run it has, it started here.
+		return nil, nil
+	}
 	var in Inspection
 	var req, summary, output, errMsg, progress sql.NullString
 	var started int64

@@ -69,10 +69,13 @@ type host struct {
 	// replayed holds, per connection, the last sequence its replay sent of
 	// runs that were in flight: a forwarder that catches up later sends
 	// those frames again, and the connection must not get them twice.
-	replayed  map[*agent.Conn]map[string]int64
-	hasRuns   int                      // -1 unknown, 0 none, 1 some
-	child     map[string]*childRun     // child: runs executing here
-	stale     []runRow                 // parent: runs in flight when hydrated
+	replayed map[*agent.Conn]map[string]int64
+	hasRuns  int                  // -1 unknown, 0 none, 1 some
+	child    map[string]*childRun // child: runs executing here
+	stale    []runRow             // parent: runs in flight when hydrated
+	// fresh: this hydration created the instance, so its tables hold only
+	// the runs it recorded itself (its child map knows each of them).
+	fresh     bool
 	unstarted map[string]chan struct{} // parent: recovered runs whose child never started
 }
 
@@ -110,6 +113,11 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	h.replayed = map[*agent.Conn]map[string]int64{}
 	h.child = map[string]*childRun{}
 	h.hasRuns = -1
+	if h.b.Created() {
+		// A new instance has no runs to recover or resume.
+		h.fresh = true
+		return nil
+	}
 	// Runs in flight before the agent's own OnStart are the ones to
 	// recover; runs OnStart dispatches are left alone.
 	stale, err := h.listRuns(ctx, `AND detached = 0 AND status IN ('starting', 'running')`)
@@ -146,6 +154,9 @@ func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
 		if marks := h.replayed[c]; marks != nil {
 			if hw, ok := marks[ev.RunID]; ok {
 				if seq <= hw {
+					if seq == hw {
+						delete(marks, ev.RunID) // caught up
+					}
 					continue // the replay sent it already
 				}
 				delete(marks, ev.RunID) // the forwarder has caught up

@@ -11,7 +11,7 @@ import (
 
 	"log/slog"
 
-	"github.com/google/uuid"
+	"github.com/agentry/agentry/internal/ids"
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/chat"
@@ -201,7 +201,7 @@ func (h *host) emitProgress(ctx context.Context, cr *childRun, em *emitter, seq 
 		snap.Data = p.Data
 	}
 	stored, _ := json.Marshal(snap)
-	if err := chat.WriteChunk(ctx, message.Data("agent-progress", "progress-"+uuid.NewString(), live, true)); err != nil {
+	if err := chat.WriteChunk(ctx, message.Data("agent-progress", "progress-"+ids.Random(), live, true)); err != nil {
 		return err
 	}
 	now := h.rt.Clock().Now().UnixMilli()

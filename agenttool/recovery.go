@@ -63,7 +63,14 @@ func (h *host) reattachLimits() reattachLimits {
 // finished, re-attached when it still runs), detached runs go back to their
 // reconcile.
 func (h *host) LayerStarted(ctx context.Context) {
-	h.resumeDetached(ctx)
+	h.mu.Lock()
+	// A new instance has no detached runs but those its OnStart
+	// dispatched, which follow themselves.
+	skip := h.fresh
+	h.mu.Unlock()
+	if !skip {
+		h.resumeDetached(ctx)
+	}
 	rows := h.stale
 	h.stale = nil
 	if len(rows) == 0 {
@@ -133,7 +140,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		case insp.RequestID == "":
 			// Recorded but its turn never started: start it with the input
 			// it was recorded with, then follow it.
-			cr, err := ch.startChildRun(ctx, row.RunID, nil, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()})
+			cr, _, err := ch.startChildRun(ctx, row.RunID, nil, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}, childStart{})
 			if err != nil {
 				h.recoveredRow(ctx, row, start, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 				continue

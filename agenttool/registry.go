@@ -126,6 +126,21 @@ func (h *host) listRuns(ctx context.Context, where string, args ...any) ([]runRo
 // reached (checked in the same statement). It reports whether the row was
 // written; inserted=false with exists=true means the run id is taken.
 func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detachedCols) (inserted, exists bool, err error) {
+	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		var err error
+		inserted, exists, err = h.insertRunTx(ctx, tx, r, maxActive, det)
+		return err
+	})
+	if inserted {
+		h.mu.Lock()
+		h.hasRuns = 1
+		h.mu.Unlock()
+	}
+	return inserted, exists, err
+}
+
+// insertRunTx is insertRun's writes in tx; the row gets r.Status.
+func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive int, det detachedCols) (inserted, exists bool, err error) {
 	display, _ := marshalOrNil(r.Display)
 	var maxAt, noProgress, milestones any
 	if det.MaxBudgetAt != nil {
@@ -138,7 +153,7 @@ func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detached
 		b, _ := json.Marshal(det.OnMilestones)
 		milestones = string(b)
 	}
-	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err = func() error {
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID).Scan(&n); err != nil {
 			return err
@@ -157,7 +172,7 @@ func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detached
 			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
 			WHERE (SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND status IN ('starting', 'running')) < ?`,
 			h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
-			StatusStarting, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
+			r.Status, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
 			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, h.iid, limit)
 		if err != nil {
 			return err
@@ -172,12 +187,7 @@ func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detached
 		_, err = tx.Exec(ctx, `INSERT INTO agent_tool_classes (instance_id, agent_type) VALUES (?, ?)
 			ON CONFLICT (instance_id, agent_type) DO NOTHING`, h.iid, r.AgentType)
 		return err
-	})
-	if inserted {
-		h.mu.Lock()
-		h.hasRuns = 1
-		h.mu.Unlock()
-	}
+	}()
 	return inserted, exists, err
 }
 
@@ -197,9 +207,20 @@ func (h *host) writeTerminal(ctx context.Context, runID string, res Result, mark
 	var marks []int
 	now := h.rt.Clock().Now().UnixMilli()
 	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		var err error
+		won, marks, err = writeTerminalTx(ctx, tx, h.iid, runID, res, mark, now)
+		return err
+	})
+	return won, marks, err
+}
+
+// writeTerminalTx is writeTerminal's writes in tx, on the registry of the
+// parent instance iid (the fused end of a child writes it).
+func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, res Result, mark int, now int64) (won bool, marks []int, err error) {
+	err = func() error {
 		var raw sql.NullString
 		err := tx.QueryRow(ctx, `SELECT terminal_marks FROM agent_tool_runs WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
-			h.iid, runID).Scan(&raw)
+			iid, runID).Scan(&raw)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
@@ -219,14 +240,14 @@ func (h *host) writeTerminal(ctx context.Context, runID string, res Result, mark
 				interrupted_reason = ?, child_still_running = ?, completed_at = ?, terminal_marks = ?
 			WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
 			res.Status, nullStr(res.Summary), nullStr(string(res.Output)), nullStr(res.Error),
-			nullStr(string(res.Reason)), still, now, string(mj), h.iid, runID)
+			nullStr(string(res.Reason)), still, now, string(mj), iid, runID)
 		if err != nil {
 			return err
 		}
 		n, err := r.RowsAffected()
 		won = n == 1
 		return err
-	})
+	}()
 	return won, marks, err
 }
 

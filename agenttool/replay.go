@@ -38,9 +38,12 @@ func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	// which can be ahead of what the parent has forwarded so far: live
 	// frames up to the replayed sequence are dropped for this connection
 	// until the forwarder passes it.
+	// So are the frames of a run awaited here whose end is stored but
+	// not yet broadcast (a child's end writes its parent's terminal row,
+	// and the parent sends the terminal event after it).
 	marks := map[string]int64{}
-	for id := range active {
-		if hw, ok := sent[id]; ok {
+	for id, hw := range sent {
+		if active[id] || h.live[id] != nil {
 			marks[id] = hw
 		}
 	}

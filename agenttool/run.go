@@ -10,10 +10,10 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
-	"github.com/google/uuid"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/internal/ids"
+	"github.com/agentry/agentry/store"
 )
 
 // liveRun is a run this process is awaiting.
@@ -59,7 +59,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	runID := opts.RunID
 	if runID == "" {
-		runID = uuid.NewString()
+		runID = ids.Random()
 	}
 	det, err := h.detachedColumns(opts.Detached, h.rt.Clock().Now())
 	if err != nil {
@@ -69,7 +69,9 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	if err != nil {
 		return Result{}, fmt.Errorf("agenttool: marshal input: %w", err)
 	}
-	if row, ok, err := h.readRun(ctx, runID); err != nil {
+	if opts.RunID == "" {
+		// A new id: no row can hold it (and recording the run checks).
+	} else if row, ok, err := h.readRun(ctx, runID); err != nil {
 		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
 	} else if ok {
 		return h.redispatch(ctx, row, det.Detached, input)
@@ -117,6 +119,11 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	if l, ok := parent.(ConcurrencyLimiter); ok {
 		maxActive = l.MaxConcurrentAgentTools()
 	}
+	if !det.Detached && maxActive <= 0 {
+		if res, err, ok := h.runFused(ctx, awaitCtx, parent, run, input, det, unregister); ok {
+			return res, err
+		}
+	}
 	inserted, exists, err := h.insertRun(ctx, run, maxActive, det)
 	if err != nil {
 		return Result{}, fmt.Errorf("agenttool: record run: %w", err)
@@ -133,16 +140,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		capErr := &CapError{Max: maxActive}
 		return Result{RunID: runID, AgentType: class, Status: StatusError, Error: capErr.Error()}, capErr
 	}
-	if o, ok := parent.(StartObserver); ok {
-		_ = agent.Enter(ctx, parent, func(ctx context.Context) error {
-			o.OnAgentToolStart(ctx, run)
-			return nil
-		})
-	}
-	h.publish("start", map[string]any{"runId": runID, "agentType": class, "parentToolCallId": opts.ParentToolCallID})
-	order := opts.DisplayOrder
-	h.broadcast(opts.ParentToolCallID, 0, Event{Kind: "started", RunID: runID, AgentType: class,
-		InputPreview: preview, Order: &order, Display: opts.Display})
+	h.announce(ctx, parent, run)
 
 	row := runRow{Run: run, det: det}
 	if det.Detached {
@@ -158,7 +156,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	if err != nil {
 		return Result{}, err
 	}
-	cr, err := ch.startChildRun(ctx, runID, input, ChildRequest{RunID: runID, AgentType: class, ParentPath: h.b.Path()})
+	cr, _, err := ch.startChildRun(ctx, runID, input, ChildRequest{RunID: runID, AgentType: class, ParentPath: h.b.Path()}, childStart{})
 	if err != nil {
 		return h.dispatchFailed(ctx, row, h.runError(runID, err))
 	}
@@ -178,6 +176,83 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		return Result{RunID: runID, AgentType: class, Status: StatusRunning}, nil
 	}
 	return h.await(awaitCtx, row, child, cr, reattachLimits{})
+}
+
+// announce tells the parent's hook, the observers and the clients that a
+// recorded run was dispatched.
+func (h *host) announce(ctx context.Context, parent agent.Agent, run Run) {
+	if o, ok := parent.(StartObserver); ok {
+		_ = agent.Enter(ctx, parent, func(ctx context.Context) error {
+			o.OnAgentToolStart(ctx, run)
+			return nil
+		})
+	}
+	h.publish("start", map[string]any{"runId": run.RunID, "agentType": run.AgentType, "parentToolCallId": run.ParentToolCallID})
+	order := run.DisplayOrder
+	h.broadcast(run.ParentToolCallID, 0, Event{Kind: "started", RunID: run.RunID, AgentType: run.AgentType,
+		InputPreview: run.InputPreview, Order: &order, Display: run.Display})
+}
+
+// errRunTaken aborts a fused dispatch whose run id the registry holds.
+var errRunTaken = errors.New("agenttool: run id taken")
+
+// runFused dispatches an awaited run to a child that this dispatch
+// creates, in one transaction: the parent's registry row (running), the
+// child's record of the run and the child's turn. The child's end then
+// records the parent's terminal row in its own end transaction (see
+// parentFuse). ok is false when the run was not dispatched this way and
+// nothing of it was stored: the caller dispatches it the usual way, which
+// also records a failure to start the child.
+func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run Run, input json.RawMessage,
+	det detachedCols, unregister func()) (res Result, err error, ok bool) {
+	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(run.AgentType, run.RunID))
+	if err != nil {
+		return Result{}, nil, false
+	}
+	defer releaseChild()
+	ch, err := hostOf(child)
+	if err != nil || !agent.BaseOf(child).Created() {
+		return Result{}, nil, false // an existing child may know the run
+	}
+	running := run
+	running.Status = StatusRunning
+	exists := false
+	// A connection from the commit on replays the run (its child streams
+	// at once, before the started event goes out); "some runs" only costs
+	// a connection a listing if the dispatch fails.
+	h.mu.Lock()
+	h.hasRuns = 1
+	h.mu.Unlock()
+	cr, started, err := ch.startChildRun(ctx, run.RunID, input,
+		ChildRequest{RunID: run.RunID, AgentType: run.AgentType, ParentPath: h.b.Path()},
+		childStart{fuse: &parentFuse{parent: h, runID: run.RunID}, parentTx: func(ctx context.Context, tx store.Tx) error {
+			inserted, taken, err := h.insertRunTx(ctx, tx, running, 0, det)
+			switch {
+			case err != nil:
+				return err
+			case taken:
+				exists = true
+				return errRunTaken
+			case !inserted:
+				return errors.New("agenttool: run not recorded")
+			}
+			return nil
+		}})
+	if exists {
+		unregister()
+		row, _, err := h.readRun(ctx, run.RunID)
+		if err != nil {
+			return Result{}, fmt.Errorf("agenttool: read run: %w", err), true
+		}
+		res, err := h.redispatch(ctx, row, false, input)
+		return res, err, true
+	}
+	if err != nil || !started {
+		return Result{}, nil, false
+	}
+	h.announce(ctx, parent, run)
+	res, err = h.await(awaitCtx, runRow{Run: running, det: det}, child, cr, reattachLimits{})
+	return res, err, true
 }
 
 // preKey marks the context of a dispatch whose run was registered live
@@ -261,7 +336,7 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 		// The parent died between recording the run and starting the
 		// child (or the child between recording it and starting its turn):
 		// start it now, with this dispatch's input. Starting is idempotent.
-		cr, err = ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()})
+		cr, _, err = ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}, childStart{})
 		if err != nil {
 			return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 		}
@@ -293,7 +368,7 @@ func (h *host) startRecordedChild(ctx context.Context, row runRow, input json.Ra
 	if err != nil {
 		return err
 	}
-	if _, err := ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}); err != nil {
+	if _, _, err := ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}, childStart{}); err != nil {
 		return err
 	}
 	return h.markRunning(ctx, row.RunID)
@@ -409,6 +484,14 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		}
 		return nil
 	})
+	if ch.disarm(cr) {
+		// The child's end claimed the fuse before the parent stopped
+		// waiting: it commits the parent's row; take that end.
+		select {
+		case <-cr.done:
+		case <-h.rt.Context().Done():
+		}
+	}
 	stop()
 	// Signals seen so far (milestone notices) are handled before the end
 	// is delivered, so a chat reads them in order.
@@ -417,7 +500,19 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		return Result{}, agent.ErrClosed
 	}
 	bg := context.WithoutCancel(ctx)
-	insp, err := ch.inspectChild(bg, row.RunID)
+	end := ch.endOf(cr)
+	if won, marks, ok := ch.fused(cr); ok {
+		res := Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusCompleted, Summary: end.summary}
+		return h.finished(bg, row, res, won, marks)
+	}
+	var insp *Inspection
+	if end != nil {
+		// Recorded by this process: no need to read it back.
+		in := end.inspection(row.RunID)
+		insp = &in
+	} else {
+		insp, err = ch.inspectChild(bg, row.RunID)
+	}
 	var res Result
 	switch {
 	case err != nil:
@@ -440,7 +535,11 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	// are forwarded before the end, which is numbered after them: a client
 	// never has a gap below the terminal event.
 	mark := next
-	if chunks, err := cb.StreamChunks(bg, cr.streamID, next-1); err == nil && len(chunks) > 0 {
+	if end != nil && after < 0 {
+		// The end was recorded after the turn's last chunks reached the
+		// follower, which was attached until then and had the whole
+		// stream.
+	} else if chunks, err := cb.StreamChunks(bg, cr.streamID, next-1); err == nil && len(chunks) > 0 {
 		for _, c := range chunks {
 			h.current().broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
 		}
@@ -546,6 +645,12 @@ func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Re
 	if err != nil {
 		return res, fmt.Errorf("agenttool: record result: %w", err)
 	}
+	return h.finished(ctx, row, res, won, marks)
+}
+
+// finished is finish after the terminal write (won: it was this one, with
+// the run's marks now).
+func (h *host) finished(ctx context.Context, row runRow, res Result, won bool, marks []int) (Result, error) {
 	if !won {
 		stored, ok, err := h.readRun(ctx, row.RunID)
 		if err != nil || !ok {

@@ -8,11 +8,10 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/google/uuid"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/ids"
 	"github.com/agentry/agentry/store"
 )
 
@@ -49,20 +48,34 @@ type core struct {
 
 	acceptMu sync.Mutex // serializes every change to the transcript (and so keeps turns in order)
 
-	mu       sync.Mutex
-	msgs     []message.Message
-	queue    []*turn
-	active   *turn
-	working  bool
-	gen      int                    // bumped by clear; stale turns do not persist
-	deferred bool                   // a transcript broadcast waits for the active turn's end
-	admitted map[*agent.Conn]bool   // connections the layer has greeted
-	pending  map[*agent.Conn]string // offered a stream, not yet acknowledged
-	awaiting map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
-	waiters  map[string][]chan TurnResult
-	follow   map[string]map[*follower]struct{} // stream id → live followers
-	ending   map[string]bool                   // canceled queued turns whose end is being recorded
-	release  func()                            // KeepAlive of the worker
+	mu      sync.Mutex
+	msgs    []message.Message
+	queue   []*turn
+	active  *turn
+	current *turn // the worker's turn: active, then ending until its waiters are told
+	// last is the most recent turn whose end committed, with its result,
+	// if its stream is short (lastChunks): a waiter or follower that
+	// comes just after the end reads nothing. A clear forgets it.
+	last       *turn
+	lastResult TurnResult
+	working    bool
+	gen        int                    // bumped by clear; stale turns do not persist
+	deferred   bool                   // a transcript broadcast waits for the active turn's end
+	admitted   map[*agent.Conn]bool   // connections the layer has greeted
+	pending    map[*agent.Conn]string // offered a stream, not yet acknowledged
+	awaiting   map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
+	waiters    map[string][]chan TurnResult
+	follow     map[string]map[*follower]struct{} // stream id → live followers
+	ending     map[string]bool                   // canceled queued turns whose end is being recorded
+	release    func()                            // KeepAlive of the worker
+
+	// accepts counts accepted turns. A turn's end that cleared the wake
+	// flag in its own transaction records the count it saw (wakeClearedAt,
+	// wakeCleared): while no turn was accepted since, the worker going idle
+	// need not clear the flag again.
+	accepts       int
+	wakeClearedAt int
+	wakeCleared   bool
 }
 
 // StartLayer loads the transcript and resumes unfinished turns. The runtime
@@ -80,6 +93,9 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		ending:  map[string]bool{},
 	}
 	b.c = c
+	if b.Created() {
+		return nil // a new instance: no transcript, no turns
+	}
 	var unfinished []streamRow
 	err := rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
@@ -142,12 +158,39 @@ type SubmitOptions struct {
 	// lives instead of the retention window (agent-tool runs use it, since
 	// their parent replays them).
 	Retain bool
+	// Tx, when set, adds the caller's writes to the transaction that
+	// accepts the turn, so that they commit with it or not at all. It gets
+	// the turn's id (with an IdempotencyKey seen before, the earlier
+	// submission's id: Tx runs then too, and End is not attached). An error
+	// aborts the submission: nothing of it is stored or queued, and
+	// SubmitMessages returns the error. Tx must use only tx.
+	Tx func(ctx context.Context, tx store.Tx, id string) error
+	// End, when set, adds the caller's writes to the transaction that
+	// records the turn's end (see EndHook).
+	End *EndHook
+}
+
+// EndHook adds an owner's writes to the transaction that records a turn's
+// end (its last chunks, its message and its end), so that a layer above
+// the chat records its own end of the work in the same commit.
+type EndHook struct {
+	// Write runs inside that transaction, after the chat's own writes. res
+	// is the turn's result; next is the stream's next sequence (one past
+	// its last chunk). Write must use only tx: no other transaction, no
+	// call into the chat, no agent code. An error fails the transaction,
+	// like a storage failure. Write does not run for a stream that a clear
+	// deleted.
+	Write func(ctx context.Context, tx store.Tx, res TurnResult, next int) error
+	// Committed, if set, runs after the transaction and before the turn's
+	// waiters learn its end, with whether Write's writes were committed.
+	Committed func(ok bool)
 }
 
 // SubmitMessages appends msgs to the transcript and queues a turn without
 // waiting for it; it returns the turn id. Use WaitTurn to wait.
 func (b *Base) SubmitMessages(ctx context.Context, msgs []message.Message, opts SubmitOptions) (string, error) {
-	t, err := b.c.accept(ctx, acceptRequest{append: msgs, id: opts.ID, key: opts.IdempotencyKey, body: opts.Body, retain: opts.Retain})
+	t, err := b.c.accept(ctx, acceptRequest{append: msgs, id: opts.ID, key: opts.IdempotencyKey, body: opts.Body, retain: opts.Retain,
+		tx: opts.Tx, end: opts.End})
 	if err != nil {
 		return "", err
 	}
@@ -170,7 +213,7 @@ func (b *Base) SaveMessages(ctx context.Context, msgs []message.Message) (TurnRe
 func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
 	c := b.c
 	c.mu.Lock()
-	live := (c.active != nil && c.active.row.ID == id) || c.ending[id]
+	live := (c.current != nil && c.current.row.ID == id) || c.ending[id]
 	for _, t := range c.queue {
 		live = live || t.row.ID == id
 	}
@@ -189,6 +232,12 @@ func (b *Base) WaitTurn(ctx context.Context, id string) (TurnResult, error) {
 			}
 		})
 		return r, err
+	}
+	if t := c.last; t != nil && t.row.ID == id {
+		r := c.lastResult
+		r.Message = r.Message.Clone()
+		c.mu.Unlock()
+		return r, nil
 	}
 	c.mu.Unlock()
 	return c.storedResult(ctx, id)
@@ -261,6 +310,8 @@ type acceptRequest struct {
 	body         json.RawMessage
 	continuation bool
 	retain       bool
+	tx           func(ctx context.Context, tx store.Tx, id string) error
+	end          *EndHook
 	limited      bool // a client's request: refused beyond Config.MaxQueuedRequests
 }
 
@@ -325,6 +376,9 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 		if req.key != "" {
 			err := tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
 			if err == nil {
+				if req.tx != nil {
+					return req.tx(ctx, tx, existing)
+				}
 				return nil
 			}
 			if _, err := tx.Exec(ctx, `INSERT INTO chat_submissions (instance_id, key, stream_id, created_at) VALUES (?, ?, ?, ?)`,
@@ -345,7 +399,13 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 			ON CONFLICT (instance_id, reason) DO NOTHING`, c.iid, wakeReason); err != nil {
 			return err
 		}
-		return insertStream(ctx, tx, c.iid, row, now)
+		if err := insertStream(ctx, tx, c.iid, row, now); err != nil {
+			return err
+		}
+		if req.tx != nil {
+			return req.tx(ctx, tx, row.ID)
+		}
+		return nil
 	})
 	if err != nil {
 		return "", fmt.Errorf("chat: accept turn: %w", err)
@@ -365,7 +425,9 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 		// runs for the caller who submitted it; not persisted.
 		t.ctx = agent.WithIdentity(t.ctx, id)
 	}
+	t.end = req.end
 	c.queue = append(c.queue, t)
+	c.accepts++
 	c.mu.Unlock()
 	// The other connections see the new message before the turn that
 	// answers it starts streaming.
@@ -376,13 +438,13 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	return row.ID, nil
 }
 
-func newID() string {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return uuid.NewString()
-	}
-	return id.String()
-}
+// newID names a stream, a message or a part: short, and in creation order
+// (streams of one millisecond recover in the order they were accepted).
+func newID() string { return ids.Sorted() }
+
+// newPartID names a part of a message: it needs no order, only to differ
+// from the message's other parts, and it is in every chunk of the part.
+func newPartID() string { return ids.Random() }
 
 // trailingUserIDs returns the ids of the user messages after the last
 // assistant message.
@@ -442,8 +504,11 @@ func (c *core) work(ctx context.Context) {
 			release := c.release
 			c.release = nil
 			idle := len(c.queue) == 0
+			// The last turn's end cleared the flag already, and nothing
+			// was accepted since.
+			cleared := c.wakeCleared && c.wakeClearedAt == c.accepts
 			c.mu.Unlock()
-			if idle && ctx.Err() == nil {
+			if idle && !cleared && ctx.Err() == nil {
 				c.clearWakeIfIdle(ctx)
 			}
 			if release != nil {
@@ -453,13 +518,13 @@ func (c *core) work(ctx context.Context) {
 		}
 		t := c.queue[0]
 		c.queue = c.queue[1:]
-		c.active = t
+		c.active, c.current = t, t
 		c.mu.Unlock()
 
 		res := c.run(ctx, t)
 
 		c.mu.Lock()
-		c.active = nil
+		c.active, c.current = nil, nil
 		waiters := c.waiters[t.row.ID]
 		delete(c.waiters, t.row.ID)
 		c.mu.Unlock()
@@ -479,15 +544,19 @@ func (c *core) work(ctx context.Context) {
 // storage. One guarded statement, so a turn accepted concurrently (which sets
 // the flag in its own transaction) never loses it.
 func (c *core) clearWakeIfIdle(ctx context.Context) {
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
-			AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
-			c.iid, wakeReason, c.iid, statusDone)
-		return err
-	})
+	err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("chat: clear wake flag", "err", err)
 	}
+}
+
+// clearWake is clearWakeIfIdle's statement, for a transaction of its own
+// or a turn's end.
+func (c *core) clearWake(ctx context.Context, tx store.Tx) error {
+	_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
+		AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
+		c.iid, wakeReason, c.iid, statusDone)
+	return err
 }
 
 type follower struct{ fn func(seq int, body string) }
@@ -508,14 +577,23 @@ func (b *Base) FollowStream(ctx context.Context, id string, afterSeq int, fn fun
 			fn(seq, body)
 		}
 	}
-	if t := c.active; t != nil && t.row.ID == id && (t.loaded || !t.recovering) {
+	queued := false
+	for _, t := range c.queue {
+		// A queued turn has committed nothing (a recovered one gets its
+		// stored chunks delivered when it starts, see prepareRecovery).
+		queued = queued || t.row.ID == id
+	}
+	t := c.current
+	if t == nil || t.row.ID != id {
+		t = c.last
+	}
+	if t != nil && t.row.ID == id && (t.loaded || !t.recovering) {
+		// Running (a recovering turn once it read its stored stream), or ended (its waiters not told yet, or the last turn
+		// that ended): its committed chunks are all in memory.
 		for _, sc := range t.chunks {
 			deliver(sc.Seq, sc.Body)
 		}
-	} else {
-		// Not active, or a recovering turn that has not read its stored
-		// stream yet: the stored chunks are the stream so far (its
-		// recovery delivers them again; deliver skips what was seen).
+	} else if !queued {
 		var chunks []storedChunk
 		err := c.rt.DB().View(ctx, func(tx store.Tx) error {
 			var err error

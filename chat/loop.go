@@ -194,7 +194,7 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 				break
 			}
 			if textID == "" {
-				textID = newID()
+				textID = newPartID()
 				if werr = tt.Write(message.TextStart(textID)); werr != nil {
 					break
 				}
@@ -208,7 +208,7 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 				break
 			}
 			if reasoningID == "" {
-				reasoningID = newID()
+				reasoningID = newPartID()
 				if werr = tt.Write(message.ReasoningStart(reasoningID)); werr != nil {
 					break
 				}

@@ -252,6 +252,7 @@ func (c *core) clear(ctx context.Context, from *agent.Conn) error {
 	defer c.acceptMu.Unlock()
 	c.mu.Lock()
 	c.gen++
+	c.last = nil
 	active := c.active
 	queued := c.queue
 	c.queue = nil

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/store"
@@ -258,26 +259,52 @@ func loadChunks(ctx context.Context, tx store.Tx, iid int64, streamID string) ([
 }
 
 // insertChunks writes chunks of a stream and reports whether the stream
-// still exists (a stream deleted by a clear gets no more chunks).
+// still exists (a stream deleted by a clear gets no more chunks). The
+// stream's next sequence is moved first (its row's absence is the clear),
+// then the chunks go in multi-row statements of up to chunkRows rows.
 func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, chunks []storedChunk) (bool, error) {
-	if ok, err := streamExists(ctx, tx, iid, streamID); err != nil || !ok {
-		return ok, err
+	if len(chunks) == 0 {
+		return streamExists(ctx, tx, iid, streamID)
 	}
+	next := chunks[len(chunks)-1].Seq + 1
 	work := 0
 	for _, c := range chunks {
-		if _, err := tx.Exec(ctx, `INSERT INTO chat_chunks (instance_id, stream_id, seq, body) VALUES (?, ?, ?, ?)
-			ON CONFLICT (instance_id, stream_id, seq) DO NOTHING`, iid, streamID, c.Seq, c.Body); err != nil {
-			return true, err
-		}
 		work += c.Work
 	}
-	if len(chunks) > 0 {
-		_, err := tx.Exec(ctx, `UPDATE chat_streams SET next_seq = CASE WHEN next_seq < ? THEN ? ELSE next_seq END, work = work + ?
-			WHERE instance_id = ? AND id = ?`, chunks[len(chunks)-1].Seq+1, chunks[len(chunks)-1].Seq+1, work, iid, streamID)
+	res, err := tx.Exec(ctx, `UPDATE chat_streams SET next_seq = CASE WHEN next_seq < ? THEN ? ELSE next_seq END, work = work + ?
+		WHERE instance_id = ? AND id = ?`, next, next, work, iid, streamID)
+	if err != nil {
 		return true, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return false, err
+	}
+	var q strings.Builder
+	args := make([]any, 0, 4*min(len(chunks), chunkRows))
+	for len(chunks) > 0 {
+		batch := chunks[:min(len(chunks), chunkRows)]
+		chunks = chunks[len(batch):]
+		q.Reset()
+		args = args[:0]
+		q.WriteString(`INSERT INTO chat_chunks (instance_id, stream_id, seq, body) VALUES `)
+		for i, c := range batch {
+			if i > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString("(?, ?, ?, ?)")
+			args = append(args, iid, streamID, c.Seq, c.Body)
+		}
+		q.WriteString(` ON CONFLICT (instance_id, stream_id, seq) DO NOTHING`)
+		if _, err := tx.Exec(ctx, q.String(), args...); err != nil {
+			return true, err
+		}
 	}
 	return true, nil
 }
+
+// chunkRows bounds the rows of one chunk INSERT (4 parameters each; SQLite
+// allows 32,766 parameters, PostgreSQL 65,535).
+const chunkRows = 64
 
 // streamExists reports whether the stream row is still there (a clear
 // deletes it while its turn may still be finishing).

@@ -24,6 +24,7 @@ type turn struct {
 	recovering bool
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
+	end        *EndHook // the submitter's writes at the end, if any
 
 	// Guarded by c.mu: the stream as clients see it. chunks are the
 	// committed chunks (the output gate: only those reach clients);
@@ -36,6 +37,9 @@ type turn struct {
 	flushing   bool          // a flusher goroutine is running
 	kick       chan struct{} // ends the flusher's batching window early
 	lastCommit time.Time     // when the stream's last commit began (real time)
+	// unmarked: the turn runs, and its status (streaming, one more
+	// attempt) rides on its next commit. Guarded by commitMu.
+	unmarked bool
 
 	// Recovery work meter (recovery.go), guarded by c.mu.
 	quiet           bool      // recovery writes: not work
@@ -143,7 +147,7 @@ func (tt *Turn) Write(ch message.Chunk) error { return tt.t.write(ch) }
 
 // WriteText streams s as one text part.
 func (tt *Turn) WriteText(s string) error {
-	id := newID()
+	id := newPartID()
 	for _, ch := range []message.Chunk{message.TextStart(id), message.TextDelta(id, s), message.TextEnd(id)} {
 		if err := tt.t.write(ch); err != nil {
 			return err
@@ -294,6 +298,11 @@ func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (g
 			gone = !ok
 			return err
 		}
+		if t.unmarked {
+			if err := markStreaming(ctx, tx, c.iid, t.row.ID); err != nil {
+				return err
+			}
+		}
 		if extra != nil {
 			return extra(tx)
 		}
@@ -302,8 +311,16 @@ func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (g
 	if err != nil || gone {
 		return gone, err
 	}
+	t.unmarked = false
 	t.publish(batch)
 	return false, nil
+}
+
+// markStreaming records that a turn runs (once more).
+func markStreaming(ctx context.Context, tx store.Tx, iid int64, id string) error {
+	_, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, attempts = attempts + 1 WHERE instance_id = ? AND id = ?`,
+		statusStreaming, iid, id)
+	return err
 }
 
 // publish sends committed chunks to the connections that are not waiting
@@ -337,16 +354,24 @@ func (t *turn) publish(batch []storedChunk) {
 			f.fn(seq, sc.Body)
 		}
 	}
-	if !t.started {
-		t.started = true
-		// Clients that probed while the turn was queued get their offer now.
-		offer := encode(probeFrame{Type: frameResuming, ID: t.row.ID})
-		for conn := range c.awaiting {
-			c.pending[conn] = t.row.ID
-			conn.SendRaw(offer)
-		}
-		clear(c.awaiting)
+	t.startedLocked()
+}
+
+// startedLocked records that the turn's stream has begun for clients: the
+// connections that probed before (told "pending") get their offer now. c.mu
+// held.
+func (t *turn) startedLocked() {
+	if t.started {
+		return
 	}
+	c := t.c
+	t.started = true
+	offer := encode(probeFrame{Type: frameResuming, ID: t.row.ID})
+	for conn := range c.awaiting {
+		c.pending[conn] = t.row.ID
+		conn.SendRaw(offer)
+	}
+	clear(c.awaiting)
 }
 
 // run executes one turn to its end and returns its result.
@@ -386,19 +411,28 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 			return c.sealTurn(ctx, t, transcript)
 		}
 	}
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, attempts = attempts + 1 WHERE instance_id = ? AND id = ?`,
-			statusStreaming, c.iid, t.row.ID)
-		return err
-	})
-	if err != nil {
-		return c.finishTurn(ctx, t, OutcomeError, c.turnError(t, fmt.Errorf("persist turn: %w", err)))
-	}
+	// The turn's status (streaming) is written with its first commit,
+	// which for a new turn is its start chunk, committed at once (a quiet
+	// stream). Until then nothing of the turn was stored or sent, and a
+	// crash leaves it queued. Agent code of its own (a Handler, a recovered
+	// turn) starts only after that commit, so that it never runs again
+	// unmarked as a fresh queued turn after a crash.
+	t.commitMu.Lock()
+	t.unmarked = true
+	t.commitMu.Unlock()
+	_, custom := c.self.(Handler)
 
 	if t.builder == nil {
 		var err error
 		if transcript, err = c.startMessage(t, transcript); err != nil {
 			return c.finishTurn(ctx, t, OutcomeError, c.turnError(t, err))
+		}
+	}
+	if custom || t.recovering {
+		// A commit with writes of its own (none here) runs even with no
+		// chunk waiting, and marks the turn.
+		if err := t.commit(ctx, func(store.Tx) error { return nil }); err != nil {
+			return c.finishTurn(ctx, t, OutcomeError, "persist turn: "+err.Error())
 		}
 	}
 	tt := &Turn{t: t, ID: t.row.ID, MessageID: t.row.MessageID, Messages: transcript, Body: t.row.Body,
@@ -517,7 +551,11 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	t.chunks = chunks
 	t.loaded = true
 	t.kept = len(chunks)
-	t.started = len(chunks) > 0
+	if len(chunks) > 0 {
+		// A connection that probed while the turn was recovering gets its
+		// offer of the kept stream.
+		t.startedLocked()
+	}
 	// A follower that joined while the turn was active but not yet
 	// recovered has nothing yet: it gets the stored stream now (each
 	// follower skips what it already has).
@@ -709,6 +747,12 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 			break
 		}
 	}
+	// With no turn queued behind it, the end also drops the wake flag (the
+	// statement is guarded: a turn accepted meanwhile keeps it).
+	c.mu.Lock()
+	idle, accepts := len(c.queue) == 0, c.accepts
+	c.mu.Unlock()
+	wrote := false
 	gone, err := t.commitGone(ctx, func(tx store.Tx) error {
 		if reorder {
 			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
@@ -731,9 +775,26 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff)
-		return err
+		if _, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff); err != nil {
+			return err
+		}
+		if idle {
+			if err := c.clearWake(ctx, tx); err != nil {
+				return err
+			}
+		}
+		if t.end != nil && t.end.Write != nil {
+			c.mu.Lock()
+			next := t.nextSeq
+			c.mu.Unlock()
+			wrote = true
+			return t.end.Write(ctx, tx, res, next)
+		}
+		return nil
 	})
+	if t.end != nil && t.end.Committed != nil {
+		t.end.Committed(wrote && err == nil && !gone)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// Shutting down: the turn stays unfinished and recovers on start.
@@ -742,6 +803,12 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		c.log.Error("chat: persist turn end", "stream", t.row.ID, "err", err)
 	}
 	c.mu.Lock()
+	if err == nil && !gone && idle {
+		c.wakeCleared, c.wakeClearedAt = true, accepts
+	}
+	if err == nil && !gone && c.gen == gen && len(t.chunks) <= lastChunks {
+		c.last, c.lastResult = t, res
+	}
 	stale := c.gen != gen || gone
 	if !stale {
 		c.msgs = msgs
@@ -783,6 +850,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	c.rt.Diag().Publish(diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
 	return res
 }
+
+// lastChunks bounds the stream of a turn kept as the last one ended.
+const lastChunks = 256
 
 // broadcastTranscript sends the transcript to every connection but
 // exclude. While a turn runs, the transcript lacks the message it streams,

@@ -15,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/internal/serve"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
@@ -39,7 +39,7 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "serve":
-		err = serve(os.Args[2:])
+		err = runServe(os.Args[2:])
 	case "chat":
 		err = runChat(context.Background(), os.Args[2:], os.Stdin, os.Stdout)
 	case "runs":
@@ -81,7 +81,7 @@ func splitList(v string) []string {
 	return out
 }
 
-func serve(args []string) error {
+func runServe(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return serveContext(ctx, args, os.Getenv, os.Stderr, nil)
@@ -120,7 +120,7 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 		return err
 	}
 	defer db.Close()
-	d, err := demo.Start(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay,
+	d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay,
 		OriginPatterns: splitList(*allowOrigin), AuthToken: *token})
 	if err != nil {
 		return err
@@ -131,27 +131,19 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 		d.Close()
 		return err
 	}
-	hs := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	playground := "http://" + ln.Addr().String() + "/"
 	if *token != "" {
 		playground += "#token=<token>"
 	}
+	// The port answers at once; interrupted work recovers meanwhile.
 	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "playground", playground, "data", *data, "auth", *token != "")
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
 	if listening != nil {
 		listening(ln.Addr())
 	}
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
+	err = serve.Run(ctx, serve.Config{Listener: ln, Handler: d.Handler(), Runtime: d.Runtime, Logger: logger})
 	logger.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		logger.Warn("http shutdown", "err", err)
+	if cerr := d.Close(); err == nil {
+		err = cerr
 	}
-	return d.Close()
+	return err
 }

@@ -60,9 +60,23 @@ type Demo struct {
 	Provider string
 }
 
-// Start creates the runtime, registers the demo classes, starts the
-// runtime (recovering interrupted work) and builds the handler.
+// Start is New, then the runtime's start-up (recovering interrupted work).
 func Start(ctx context.Context, o Options) (*Demo, error) {
+	d, err := New(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.Runtime.Start(ctx); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// New creates the runtime, registers the demo classes and builds the
+// handler. The runtime is not started: the caller starts it (Start, or
+// serve.Run once the port is open).
+func New(ctx context.Context, o Options) (*Demo, error) {
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -84,10 +98,6 @@ func Start(ctx context.Context, o Options) (*Demo, error) {
 			rt.Close()
 			return nil, err
 		}
-	}
-	if err := rt.Start(ctx); err != nil {
-		rt.Close()
-		return nil, err
 	}
 	sopts := server.Options{Runtime: rt, NotFound: web.Handler(), OriginPatterns: o.OriginPatterns}
 	if o.AuthToken != "" {

@@ -2,12 +2,10 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/internal/serve"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store/sqlite"
 )
@@ -35,13 +34,13 @@ func ServeMain(defaultDelay time.Duration, setup func(rt *agent.Runtime, delay t
 	data := flag.String("data", "./data", "data folder")
 	delay := flag.Duration("delay", defaultDelay, "delay between the scripted models' streamed events")
 	flag.Parse()
-	if err := serve(*addr, *data, *delay, setup); err != nil {
+	if err := serveData(*addr, *data, *delay, setup); err != nil {
 		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(1)
 	}
 }
 
-func serve(addr, data string, delay time.Duration, setup func(rt *agent.Runtime, delay time.Duration) error) error {
+func serveData(addr, data string, delay time.Duration, setup func(rt *agent.Runtime, delay time.Duration) error) error {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -60,28 +59,18 @@ func serve(addr, data string, delay time.Duration, setup func(rt *agent.Runtime,
 	if err := setup(rt, delay); err != nil {
 		return err
 	}
-	if err := rt.Start(ctx); err != nil {
-		return err
-	}
 	srv := server.New(server.Options{Runtime: rt})
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
+		rt.Close()
 		return err
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	// Like cmd/agentry: the port answers before the runtime's start-up.
 	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "data", data)
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		logger.Warn("http shutdown", "err", err)
-	}
+	err = serve.Run(ctx, serve.Config{Listener: ln, Handler: srv, Runtime: rt, Logger: logger})
 	srv.Close()
-	return rt.Close()
+	if cerr := rt.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -202,7 +204,7 @@ func benchAwaitedDirect(b *testing.B, workers int) {
 		b.Fatal(err)
 	}
 	lat := make([]time.Duration, b.N)
-	u0 := e.db.updates.Load()
+	u0, v0 := e.db.updates.Load(), e.db.views.Load()
 	s0 := e.sq.Stats()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -234,6 +236,7 @@ func benchAwaitedDirect(b *testing.B, workers int) {
 	reportPercentiles(b, lat, "run", "ms", 50, 95, 99)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "runs/s")
 	b.ReportMetric(float64(e.db.updates.Load()-u0)/float64(b.N), "tx/run")
+	b.ReportMetric(float64(e.db.views.Load()-v0)/float64(b.N), "readtx/run")
 	reportStoreStats(b, e, s0, b.N)
 }
 
@@ -527,4 +530,83 @@ func BenchmarkAgentToolDetachedFinish(b *testing.B) {
 	b.StopTimer()
 	reportPercentiles(b, toFinish, "complete-to-onfinish", "µs", 50, 99)
 	reportPercentiles(b, total, "dispatch-to-onfinish", "µs", 50, 99)
+}
+
+// BenchmarkAgentToolTxCensus runs awaited runs of the trivial child one at
+// a time and logs, per run, the write and read transactions by caller (the
+// first agentry function on the stack outside the store), so that the
+// transactions of the critical path can be told apart:
+//
+//	go test -run '^$' -bench AgentToolTxCensus -benchtime 20x -v ./test/bench/
+func BenchmarkAgentToolTxCensus(b *testing.B) {
+	e := startToolEnv(b, newToolKit())
+	p := getParent(b, e, "census")
+	ctx := context.Background()
+	if err := checkResearch(p.RunOnce(ctx)); err != nil {
+		b.Fatal(err)
+	}
+	waitStable(&e.db.updates)
+	var mu sync.Mutex
+	counts := map[string]int{}
+	trace := func(write bool) {
+		kind := "read "
+		if write {
+			kind = "write"
+		}
+		site := txCaller()
+		mu.Lock()
+		counts[kind+" "+site]++
+		mu.Unlock()
+	}
+	e.db.trace.Store(&trace)
+	b.ResetTimer()
+	for range b.N {
+		if err := checkResearch(p.RunOnce(ctx)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	waitStable(&e.db.updates)
+	e.db.trace.Store(nil)
+	mu.Lock()
+	defer mu.Unlock()
+	keys := make([]string, 0, len(counts))
+	var w, r int
+	for k, n := range counts {
+		keys = append(keys, k)
+		if strings.HasPrefix(k, "write") {
+			w += n
+		} else {
+			r += n
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.Logf("%6.2f  %s", float64(counts[k])/float64(b.N), k)
+	}
+	b.ReportMetric(float64(w)/float64(b.N), "tx/run")
+	b.ReportMetric(float64(r)/float64(b.N), "readtx/run")
+}
+
+// txCaller names the chain of agentry functions that opened a transaction,
+// innermost first, without the store and this file.
+func txCaller() string {
+	pcs := make([]uintptr, 32)
+	n := runtime.Callers(3, pcs)
+	frames := runtime.CallersFrames(pcs[:n])
+	var names []string
+	for {
+		f, more := frames.Next()
+		fn := f.Function
+		if strings.Contains(fn, "agentry/agentry/") && !strings.Contains(fn, "/store") && !strings.Contains(fn, "/test/bench") {
+			names = append(names, fn[strings.LastIndex(fn, "/")+1:])
+			if len(names) == 3 {
+				break
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	return strings.Join(names, " < ")
 }

@@ -34,15 +34,31 @@ import (
 // counts write transactions.
 
 // txCountDB wraps the SQLite store and counts write transactions (Update
-// calls), as the chat tests' countingDB does.
+// calls), as the chat tests' countingDB does, and read transactions (View
+// calls).
 type txCountDB struct {
 	store.DB
 	updates atomic.Int64
+	views   atomic.Int64
+	// trace, when set, is told of every transaction (write or read) with
+	// its caller's stack; the transaction census uses it.
+	trace atomic.Pointer[func(write bool)]
 }
 
 func (d *txCountDB) Update(ctx context.Context, fn func(store.Tx) error) error {
 	d.updates.Add(1)
+	if t := d.trace.Load(); t != nil {
+		(*t)(true)
+	}
 	return d.DB.Update(ctx, fn)
+}
+
+func (d *txCountDB) View(ctx context.Context, fn func(store.Tx) error) error {
+	d.views.Add(1)
+	if t := d.trace.Load(); t != nil {
+		(*t)(false)
+	}
+	return d.DB.View(ctx, fn)
 }
 
 // benchEnv is a real server: SQLite file, runtime (agent.New with the
