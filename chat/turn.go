@@ -693,6 +693,9 @@ func pendingCallsOf(m message.Message) []string {
 // other connections, then the terminal frame.
 func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string) TurnResult {
 	res := TurnResult{ID: t.row.ID, Outcome: outcome, Error: errText}
+	if t.sealed != nil {
+		res.Exhausted = t.sealed.Reason
+	}
 	var msg message.Message
 	hasMsg := false
 	if t.builder != nil {

@@ -67,7 +67,7 @@ func newRuntime(t *testing.T, db *sqlite.DB, k *kit) *agent.Runtime {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rt.Register(agent.Class{Name: "Slow", New: func() agent.Agent { return &slow{k: k} }}); err != nil {
+	if err := rt.Register(agent.Class{Name: "Slow", New: func() agent.Agent { return &slow{k: k} }, Public: true}); err != nil {
 		t.Fatal(err)
 	}
 	return rt
