@@ -23,7 +23,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -43,6 +42,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/internal/serve"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/server"
@@ -266,12 +266,8 @@ func run(addr, data string, idle, delay time.Duration, cpuprofile, logLevel stri
 	agenttool.Install(rt, agenttool.Options{})
 	researcher, parentModel := fakeModel(delay), fakeModel(0)
 	rt.MustRegister(agent.Class{Name: "Assistant", New: func() agent.Agent { return &Assistant{m: parentModel} },
-		Callable: []string{"runOnce", "fanOut", "count", "noop", "clear"}})
+		Public: true, Callable: []string{"runOnce", "fanOut", "count", "noop", "clear"}})
 	rt.MustRegister(agent.Class{Name: "Researcher", New: func() agent.Agent { return &Researcher{m: researcher} }})
-	if err := rt.Start(ctx); err != nil {
-		rt.Close()
-		return err
-	}
 	srv := server.New(server.Options{Runtime: rt, Logger: logger,
 		NotFound: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/ping" {
@@ -286,25 +282,13 @@ func run(addr, data string, idle, delay time.Duration, cpuprofile, logLevel stri
 		rt.Close()
 		return err
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	// The port answers at once and the runtime starts (recovers) behind
+	// it, as in agentry serve.
 	logger.Info("agentry-ref listening", "addr", ln.Addr().String(), "data", data, "pid", os.Getpid())
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err = <-errc:
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if serr := hs.Shutdown(sctx); serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-		logger.Warn("http shutdown", "err", serr)
-	}
+	err = serve.Run(ctx, serve.Config{Listener: ln, Handler: srv, Runtime: rt, Logger: logger})
 	srv.Close()
 	if cerr := rt.Close(); cerr != nil && err == nil {
 		err = cerr
-	}
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
 	}
 	return err
 }
