@@ -23,6 +23,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParsePath$$' -fuzztime $(FUZZTIME) ./agent
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRoute$$' -fuzztime $(FUZZTIME) ./server
 	$(GO) test -run '^$$' -fuzz '^FuzzToolInput$$' -fuzztime $(FUZZTIME) ./chat
+	$(GO) test -run '^$$' -fuzz '^FuzzEncodeFrame$$' -fuzztime $(FUZZTIME) ./agenttool
 
 npm:
 	cd test/npm && npm ci --no-audit --no-fund --loglevel=error

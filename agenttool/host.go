@@ -2,7 +2,6 @@ package agenttool
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -140,7 +139,7 @@ func (h *host) LayerClose(ctx context.Context, conn *agent.Conn) {
 // broadcast sends an event frame to every connection; connections still
 // receiving their connect replay get it after the replay, in order.
 func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
-	frame, err := json.Marshal(Frame{Type: FrameType, ParentToolCallID: parentToolCallID, Sequence: seq, Event: ev})
+	frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: parentToolCallID, Sequence: seq, Event: ev})
 	if err != nil {
 		return
 	}

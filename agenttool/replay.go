@@ -1,8 +1,9 @@
 package agenttool
 
 import (
+	"cmp"
 	"context"
-	"encoding/json"
+	"slices"
 	"strings"
 
 	"github.com/agentry/agentry/agent"
@@ -89,7 +90,7 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 	}
 	for _, r := range runs {
 		send := func(seq int64, ev Event) {
-			frame, err := json.Marshal(Frame{Type: FrameType, ParentToolCallID: r.ParentToolCallID, Sequence: seq, Replay: true, Event: ev})
+			frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: r.ParentToolCallID, Sequence: seq, Replay: true, Event: ev})
 			if err == nil {
 				conn.SendRaw(frame)
 				sent[r.RunID] = max(sent[r.RunID], seq)
@@ -126,8 +127,7 @@ func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
 			FROM instances i
 			JOIN agent_tool_child_runs c ON c.instance_id = i.id AND i.name = c.run_id
 			JOIN chat_chunks ch ON ch.instance_id = c.instance_id AND ch.stream_id = c.request_id
-			WHERE i.parent_id = ?
-			ORDER BY c.run_id, ch.seq`, h.iid)
+			WHERE i.parent_id = ?`, h.iid)
 		if err != nil {
 			return err
 		}
@@ -142,8 +142,18 @@ func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
 		}
 		return rows.Err()
 	})
+	// Without an ORDER BY (which made SQLite sort every chunk of every
+	// run in a temporary B-tree), the rows come in the primary key's
+	// order per child; a run whose rows did not is sorted here.
+	for _, list := range out {
+		if !slices.IsSortedFunc(list, byChunkSeq) {
+			slices.SortFunc(list, byChunkSeq)
+		}
+	}
 	return out, err
 }
+
+func byChunkSeq(a, b chunk) int { return cmp.Compare(a.seq, b.seq) }
 
 // liveChunks reads the chunks of a run in flight from its child, unflushed
 // ones included.

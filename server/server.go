@@ -424,14 +424,15 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 		s.wg.Done()
 	}()
 
-	c, err := websocket.Accept(w, r, s.acceptOptions())
+	bw := &batchWriter{ResponseWriter: w, timeout: s.opts.WriteTimeout}
+	c, err := websocket.Accept(bw, r, s.acceptOptions())
 	if err != nil {
 		return
 	}
 	c.SetReadLimit(-1) // we enforce MaxFrameBytes ourselves and keep the connection
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sk := &socket{c: c, maxFrames: s.opts.SendQueue, maxBytes: s.opts.SendQueueBytes, budget: s.budget,
+	sk := &socket{c: c, bc: bw.conn, maxFrames: s.opts.SendQueue, maxBytes: s.opts.SendQueueBytes, budget: s.budget,
 		path: route.Path.String(), ready: make(chan struct{}, 1), done: make(chan struct{}), writeTimeout: s.opts.WriteTimeout}
 	s.mu.Lock()
 	s.sockets[sk] = struct{}{}

@@ -89,7 +89,8 @@ func (b *sendBudget) release(cost int64) { b.used.Add(-cost) }
 // one writer goroutine, so broadcasters never block on a slow client.
 type socket struct {
 	c            *websocket.Conn
-	path         string // the instance's, for logs
+	bc           *batchConn // the connection under c, when it could be wrapped
+	path         string     // the instance's, for logs
 	writeTimeout time.Duration
 	maxFrames    int
 	maxBytes     int64
@@ -213,23 +214,73 @@ func (sk *socket) closeLocked(code int, reason string) {
 	close(sk.done)
 }
 
-// writeLoop writes queued frames one at a time until the socket is closed
+// writeQueued writes the queued frames. With a batchConn under the
+// WebSocket, a queue of more than one frame is written as a batch: the
+// frames' bytes are kept and go out in writes of up to maxBatchBytes, and
+// the network write's deadline bounds the time a client may take to read
+// (a frame is popped, releasing its budget, once it is in the batch).
+// Without one, each frame is written with a timeout of its own.
+func (sk *socket) writeQueued(ctx context.Context) error {
+	if sk.bc == nil {
+		frame, ok := sk.head()
+		if !ok {
+			return nil
+		}
+		wctx, cancel := context.WithTimeout(ctx, sk.writeTimeout)
+		err := sk.c.Write(wctx, websocket.MessageText, frame)
+		cancel()
+		if err != nil {
+			return err
+		}
+		sk.pop()
+		return nil
+	}
+	// The connection's write deadline bounds every write; a context
+	// that is never done costs the WebSocket library no timer a frame.
+	wctx := context.WithoutCancel(ctx)
+	batch := sk.pending() > 1
+	if batch {
+		sk.bc.hold()
+	}
+	for {
+		frame, ok := sk.head()
+		if !ok {
+			break
+		}
+		if err := sk.c.Write(wctx, websocket.MessageText, frame); err != nil {
+			if batch {
+				sk.bc.release()
+			}
+			return err
+		}
+		sk.pop()
+		if !batch {
+			return nil
+		}
+	}
+	return sk.bc.release()
+}
+
+// pending reports how many frames are queued.
+func (sk *socket) pending() int {
+	sk.mu.Lock()
+	defer sk.mu.Unlock()
+	return len(sk.queue)
+}
+
+// writeLoop writes queued frames, oldest first, until the socket is closed
 // and its queue flushed (or dropped), then closes the WebSocket.
 func (sk *socket) writeLoop(ctx context.Context) {
 	defer sk.drop("") // a writer that gives up frees what is left
 	for {
-		if frame, ok := sk.head(); ok {
-			wctx, cancel := context.WithTimeout(ctx, sk.writeTimeout)
-			err := sk.c.Write(wctx, websocket.MessageText, frame)
-			cancel()
-			if err != nil {
+		if _, ok := sk.head(); ok {
+			if err := sk.writeQueued(ctx); err != nil {
 				sk.mu.Lock()
 				sk.dropLocked(int(websocket.StatusAbnormalClosure), "")
 				sk.mu.Unlock()
 				sk.c.CloseNow()
 				return
 			}
-			sk.pop()
 			continue
 		}
 		select {
