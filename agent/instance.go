@@ -131,10 +131,45 @@ func (l *idleList) remove(in *instance) {
 
 // hydrate creates the instance's rows if needed, loads its state, builds the
 // agent value and runs OnStart. It closes in.ready whatever the outcome.
-func (in *instance) hydrate() {
+// When the caller knows that the row exists (existing), it is read first,
+// which spares the write of the common case.
+func (in *instance) hydrate(existing bool) {
 	defer close(in.ready)
 	rt := in.rt
 	ctx := rt.ctx
+	found := false
+	if existing {
+		err := rt.db.View(ctx, func(tx store.Tx) error {
+			var state sql.NullString
+			err := tx.QueryRow(ctx, `SELECT id, state FROM instances WHERE path = ?`, in.key).Scan(&in.id, &state)
+			if errors.Is(err, sql.ErrNoRows) {
+				return nil // deleted meanwhile: created below
+			}
+			if err != nil {
+				return err
+			}
+			found = true
+			if state.Valid {
+				in.state = json.RawMessage(state.String)
+			}
+			return nil
+		})
+		if err != nil {
+			in.fail(fmt.Errorf("agent: hydrate %s: %w", in.key, err))
+			return
+		}
+	}
+	if !found && !in.create(ctx) {
+		return
+	}
+	in.start(ctx)
+}
+
+// create inserts the rows of the instance and its ancestors that do not
+// exist yet, and reads the instance's id and state. It reports false when
+// it failed the instance.
+func (in *instance) create(ctx context.Context) bool {
+	rt := in.rt
 	err := rt.db.Update(ctx, func(tx store.Tx) error {
 		var parent sql.NullInt64
 		for i := range in.path {
@@ -170,8 +205,14 @@ func (in *instance) hydrate() {
 	})
 	if err != nil {
 		in.fail(fmt.Errorf("agent: hydrate %s: %w", in.key, err))
-		return
+		return false
 	}
+	return true
+}
+
+// start builds the agent value, starts its layers and runs OnStart.
+func (in *instance) start(ctx context.Context) {
+	rt := in.rt
 	a := in.class.New()
 	a.base().bind(in)
 	in.agent = a

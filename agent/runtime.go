@@ -451,7 +451,8 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 		rt.diag.Publish(diag.ChannelAgent, "evict", e.key, map[string]any{"reason": "max_instances"})
 	}
 	if !ok {
-		in.hydrate()
+		exists, _ := ctx.Value(existsKey{}).(bool)
+		in.hydrate(exists)
 	}
 
 	select {

@@ -52,6 +52,8 @@ func (rt *Runtime) wakeAll(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("agent: list instances to wake: %w", err)
 	}
+	// The instances listed exist: their hydration reads their rows first.
+	ctx = context.WithValue(ctx, existsKey{}, true)
 	sem := make(chan struct{}, 8)
 	var wg sync.WaitGroup
 	for _, k := range keys {
@@ -75,3 +77,6 @@ func (rt *Runtime) wakeAll(ctx context.Context) error {
 	wg.Wait()
 	return nil
 }
+
+// existsKey marks a context whose Get hydrates an instance known to exist.
+type existsKey struct{}

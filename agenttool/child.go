@@ -311,15 +311,19 @@ func (h *host) endOf(cr *childRun) *childEnd {
 // turnEnd is a run's end from its turn's result (reason: the cancel reason
 // given to the run, if any), without the output hooks.
 func turnEnd(res chat.TurnResult, reason string) childEnd {
-	switch res.Outcome {
-	case chat.OutcomeAborted:
+	switch {
+	case res.Outcome == chat.OutcomeAborted:
 		if reason == "" {
 			reason = msgCancelled
 		}
 		return childEnd{status: StatusAborted, errText: reason}
-	case chat.OutcomeSkipped:
+	case res.Outcome == chat.OutcomeSkipped:
 		return childEnd{status: StatusError, errText: msgSkipped}
-	case chat.OutcomeError:
+	case res.Exhausted != "":
+		// The child's own recovery gave up on its turn (a budget spent): a
+		// hard failure, not an interruption a retry could repair.
+		return childEnd{status: StatusError, errText: fmt.Sprintf("%s (%s: %s)", msgRecoveryExhausted, res.Exhausted, res.Error)}
+	case res.Outcome == chat.OutcomeError:
 		e := res.Error
 		if e == "" {
 			e = "Agent tool run failed during streaming."
@@ -519,10 +523,17 @@ func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, err
 	var started int64
 	var completed, signal sql.NullInt64
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		return tx.QueryRow(ctx, `SELECT run_id, request_id, status, summary, output_json, error_message, started_at, completed_at,
+		err := tx.QueryRow(ctx, `SELECT run_id, request_id, status, summary, output_json, error_message, started_at, completed_at,
 				progress_json, last_signal_at
 			FROM agent_tool_child_runs WHERE instance_id = ? AND run_id = ?`, h.iid, runID).
 			Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed, &progress, &signal)
+		if err != nil {
+			return err
+		}
+		if in.Milestones, err = h.queryMilestones(ctx, tx, runID); err != nil {
+			return fmt.Errorf("milestones: %w", err)
+		}
+		return nil
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
@@ -545,9 +556,6 @@ func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, err
 	if signal.Valid {
 		t := time.UnixMilli(signal.Int64)
 		in.LastSignalAt = &t
-	}
-	if in.Milestones, err = h.milestones(ctx, runID); err != nil {
-		return nil, fmt.Errorf("agenttool: inspect milestones: %w", err)
 	}
 	return &in, nil
 }
@@ -576,30 +584,33 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 	})
 }
 
-// resumeChildRuns re-arms the watchers of runs that were executing here
-// before an eviction or a restart; the chat layer resumes their turns.
-func (h *host) resumeChildRuns(ctx context.Context) error {
-	type pending struct{ runID, streamID string }
-	var list []pending
-	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT run_id, COALESCE(request_id, '') FROM agent_tool_child_runs
-			WHERE instance_id = ? AND completed_at IS NULL`, h.iid)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var p pending
-			if err := rows.Scan(&p.runID, &p.streamID); err != nil {
-				return err
-			}
-			list = append(list, p)
-		}
-		return rows.Err()
-	})
+// childRunRef is a run this instance was executing as a child: its id and
+// the id of its turn (empty when the turn's id was not recorded).
+type childRunRef struct{ runID, streamID string }
+
+// queryChildRuns lists the runs this instance was executing, unfinished.
+func (h *host) queryChildRuns(ctx context.Context, tx store.Tx) ([]childRunRef, error) {
+	rows, err := tx.Query(ctx, `SELECT run_id, COALESCE(request_id, '') FROM agent_tool_child_runs
+		WHERE instance_id = ? AND completed_at IS NULL`, h.iid)
 	if err != nil {
-		return fmt.Errorf("agenttool: resume child runs: %w", err)
+		return nil, err
 	}
+	defer rows.Close()
+	var list []childRunRef
+	for rows.Next() {
+		var p childRunRef
+		if err := rows.Scan(&p.runID, &p.streamID); err != nil {
+			return nil, err
+		}
+		list = append(list, p)
+	}
+	return list, rows.Err()
+}
+
+// resumeChildRuns re-arms the watchers of runs that were executing here
+// before an eviction or a restart (list); the chat layer resumes their
+// turns.
+func (h *host) resumeChildRuns(ctx context.Context, list []childRunRef) error {
 	if len(list) == 0 {
 		return nil
 	}
@@ -624,7 +635,13 @@ func (h *host) resumeChildRuns(ctx context.Context) error {
 			}
 			p.streamID = id
 		}
-		h.track(p.runID, p.streamID, false)
+		cr := h.track(p.runID, p.streamID, false)
+		// The hook of the first start is not stored: attach it again, so
+		// that the resumed turn's end records the run's end in its own
+		// commit. (The turn runs once the agent has started, after this.)
+		if end := h.endHook(cr); end != nil {
+			cb.AttachEnd(p.streamID, end)
+		}
 	}
 	return nil
 }

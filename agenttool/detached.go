@@ -430,14 +430,23 @@ func (h *host) markFinishDelivered(ctx context.Context, runID string) error {
 	return err
 }
 
+// undeliveredDetached selects the detached runs whose end is not delivered.
+const undeliveredDetached = `AND detached = 1 AND finish_delivered_at IS NULL`
+
 // resumeDetached re-arms the reconcile when detached runs still await
 // delivery (after an eviction or a restart), so they are collected, held to
 // their budgets and delivered without a client.
 func (h *host) resumeDetached(ctx context.Context) {
-	rows, err := h.listRuns(ctx, `AND detached = 1 AND finish_delivered_at IS NULL`)
-	if err != nil {
-		h.b.Logger().Error("agenttool: list detached runs", "err", err)
-		return
+	h.mu.Lock()
+	rows, listed := h.startDetached, h.startListed && h.hasRuns == -1
+	h.startDetached, h.startListed = nil, false
+	h.mu.Unlock()
+	if !listed {
+		var err error
+		if rows, err = h.listRuns(ctx, undeliveredDetached); err != nil {
+			h.b.Logger().Error("agenttool: list detached runs", "err", err)
+			return
+		}
 	}
 	if len(rows) == 0 {
 		return

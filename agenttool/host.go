@@ -72,6 +72,11 @@ type host struct {
 	hasRuns  int                  // -1 unknown, 0 none, 1 some
 	child    map[string]*childRun // child: runs executing here
 	stale    []runRow             // parent: runs in flight when hydrated
+	// startDetached holds the undelivered detached runs that StartLayer
+	// read (startListed), for LayerStarted to resume unless a run was
+	// recorded in between (hasRuns is then 1, no longer -1).
+	startDetached []runRow
+	startListed   bool
 	// fresh: this hydration created the instance, so its tables hold only
 	// the runs it recorded itself (its child map knows each of them).
 	fresh     bool
@@ -117,14 +122,31 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 		h.fresh = true
 		return nil
 	}
-	// Runs in flight before the agent's own OnStart are the ones to
-	// recover; runs OnStart dispatches are left alone.
-	stale, err := h.listRuns(ctx, `AND detached = 0 AND status IN ('starting', 'running')`)
+	// One read for what the start needs: as a parent, the runs in flight
+	// before the agent's own OnStart (the ones to recover; runs OnStart
+	// dispatches are left alone) and the detached runs whose end is not
+	// delivered; as a child, the runs it was executing.
+	var stale, detached []runRow
+	var executing []childRunRef
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		if stale, err = h.queryRuns(ctx, tx, `AND detached = 0 AND status IN ('starting', 'running')`); err != nil {
+			return fmt.Errorf("list runs to recover: %w", err)
+		}
+		if detached, err = h.queryRuns(ctx, tx, undeliveredDetached); err != nil {
+			return fmt.Errorf("list detached runs: %w", err)
+		}
+		if executing, err = h.queryChildRuns(ctx, tx); err != nil {
+			return fmt.Errorf("resume child runs: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("agenttool: list runs to recover: %w", err)
+		return fmt.Errorf("agenttool: %w", err)
 	}
 	h.stale = stale
-	return h.resumeChildRuns(ctx)
+	h.startDetached, h.startListed = detached, true
+	return h.resumeChildRuns(ctx, executing)
 }
 
 // LayerClose forgets a connection that closed during its replay.

@@ -72,14 +72,23 @@ func (h *host) streamNext(ctx context.Context, runID string) int {
 // it has no stream or it cannot be read).
 func (h *host) runChunks(ctx context.Context, runID string) []chat.StreamChunk {
 	insp, err := h.inspectChild(ctx, runID)
-	if err != nil || insp == nil || insp.RequestID == "" {
+	if err != nil || insp == nil {
+		return nil
+	}
+	return h.streamChunks(ctx, insp.RequestID)
+}
+
+// streamChunks returns the stored chunks of this child's turn requestID
+// (none for an empty id).
+func (h *host) streamChunks(ctx context.Context, requestID string) []chat.StreamChunk {
+	if requestID == "" {
 		return nil
 	}
 	cb, ok := chatOf(h.a)
 	if !ok {
 		return nil
 	}
-	chunks, err := cb.StreamChunks(ctx, insp.RequestID, -1)
+	chunks, err := cb.StreamChunks(ctx, requestID, -1)
 	if err != nil {
 		return nil
 	}

@@ -252,26 +252,34 @@ func (h *host) emitMilestone(ctx context.Context, cr *childRun, p Progress) erro
 func (h *host) milestones(ctx context.Context, runID string) ([]Milestone, error) {
 	var out []Milestone
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT sequence, name, data_json, at FROM agent_tool_milestones WHERE instance_id = ? AND run_id = ? ORDER BY sequence`,
-			h.iid, runID)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var m Milestone
-			var data sql.NullString
-			if err := rows.Scan(&m.Sequence, &m.Name, &data, &m.At); err != nil {
-				return err
-			}
-			if data.Valid {
-				m.Data = json.RawMessage(data.String)
-			}
-			out = append(out, m)
-		}
-		return rows.Err()
+		var err error
+		out, err = h.queryMilestones(ctx, tx, runID)
+		return err
 	})
 	return out, err
+}
+
+// queryMilestones reads the milestones of a child run in order.
+func (h *host) queryMilestones(ctx context.Context, tx store.Tx, runID string) ([]Milestone, error) {
+	rows, err := tx.Query(ctx, `SELECT sequence, name, data_json, at FROM agent_tool_milestones WHERE instance_id = ? AND run_id = ? ORDER BY sequence`,
+		h.iid, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Milestone
+	for rows.Next() {
+		var m Milestone
+		var data sql.NullString
+		if err := rows.Scan(&m.Sequence, &m.Name, &data, &m.At); err != nil {
+			return nil, err
+		}
+		if data.Valid {
+			m.Data = json.RawMessage(data.String)
+		}
+		out = append(out, m)
+	}
+	return out, rows.Err()
 }
 
 // lastSignal returns when a child run last reported progress or a

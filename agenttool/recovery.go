@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
 )
 
 // Recovery budgets.
@@ -83,6 +84,10 @@ func (h *host) LayerStarted(ctx context.Context) {
 	})
 }
 
+// recoveryLookahead is how many rows ahead a parent's recovery inspects,
+// and how many finished runs it collects at once.
+const recoveryLookahead = 16
+
 // recover classifies each run within a deadline (each inspection with its
 // own timeout), finalizes the runs whose child finished without running
 // anything again, and re-attaches the others in parallel.
@@ -103,7 +108,31 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		started chan struct{}
 	}
 	var unstarted []waiting
-	for _, row := range rows {
+	// The classification is in order, each inspection within what is
+	// left of the deadline, as the reference's; but the inspections of the
+	// next recoveryLookahead rows (each wakes a child) already run, and a
+	// finished run is collected (its terminal write, its finish hook) while
+	// the next rows are classified.
+	answers := make([]chan inspection, len(rows))
+	prefetched := 0
+	prefetch := func(upto int) {
+		for ; prefetched < min(upto, len(rows)); prefetched++ {
+			answers[prefetched] = h.startInspection(agent.Unheld(ctx), rows[prefetched])
+		}
+	}
+	var collecting sync.WaitGroup
+	collectSem := make(chan struct{}, recoveryLookahead)
+	collect := func(row runRow, res Result, ch *host, requestID string) {
+		collectSem <- struct{}{}
+		collecting.Add(1)
+		go func() {
+			defer collecting.Done()
+			defer func() { <-collectSem }()
+			h.recoveredRow(ctx, row, start, res, h.forwardStored(ctx, row, ch.streamChunks(ctx, requestID)))
+		}()
+	}
+	for i, row := range rows {
+		prefetch(i + 1 + recoveryLookahead)
 		h.mu.Lock()
 		_, live := h.live[row.RunID]
 		h.mu.Unlock()
@@ -116,7 +145,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 				Error: interruptedMessage(ReasonRecoveryDeadline)}, 0)
 			continue
 		}
-		child, ch, insp, err := h.inspectForRecovery(ctx, row, min(remaining, recoveryInspectTimeout))
+		child, ch, insp, err := h.awaitInspection(ctx, answers[i], min(remaining, recoveryInspectTimeout))
 		switch {
 		case errors.Is(err, context.DeadlineExceeded):
 			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonInspectTimeout,
@@ -126,7 +155,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 				Error: interruptedMessage(ReasonInspectFailed)}, 0)
 		case insp != nil && insp.Status != childRunning:
 			// Finished while the parent was away: collect it.
-			h.recoveredRow(ctx, row, start, resultFromInspection(*insp), h.forwardStored(ctx, row, ch))
+			collect(row, resultFromInspection(*insp), ch, insp.RequestID)
 		case insp == nil:
 			// The parent died before the child recorded the run: there is
 			// no input to start it with. A re-dispatch of the same run id
@@ -151,6 +180,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			reattach = append(reattach, pending{row, child, ch, cr})
 		}
 	}
+	collecting.Wait()
 	var wg sync.WaitGroup
 	lim := h.reattachLimits()
 	for _, w := range unstarted {
@@ -196,7 +226,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			var err error
 			if lim.collectOnly {
 				res, err = h.finish(ctx, p.row, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
-					Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, h.forwardStored(ctx, p.row, p.ch))
+					Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, h.forwardStored(ctx, p.row, p.ch.runChunks(ctx, p.row.RunID)))
 			} else {
 				res, err = h.await(ctx, p.row, p.child, p.cr, lim)
 			}
@@ -229,30 +259,38 @@ func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, re
 		"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
 }
 
-// inspectForRecovery wakes a run's child and inspects the run, within
-// timeout. A nil inspection means the child does not know the run yet.
-func (h *host) inspectForRecovery(ctx context.Context, row runRow, timeout time.Duration) (agent.Agent, *host, *Inspection, error) {
-	type answer struct {
-		child agent.Agent
-		ch    *host
-		insp  *Inspection
-		err   error
-	}
-	done := make(chan answer, 1)
-	gctx := agent.Unheld(ctx)
+// inspection is the answer of startInspection.
+type inspection struct {
+	child agent.Agent
+	ch    *host
+	insp  *Inspection
+	err   error
+}
+
+// startInspection wakes a run's child and inspects the run in the
+// background; the answer arrives on the channel. ctx must not hold the
+// parent's gate.
+func (h *host) startInspection(ctx context.Context, row runRow) chan inspection {
+	done := make(chan inspection, 1)
 	go func() {
-		var a answer
-		a.child, a.err = h.rt.Get(gctx, h.b.Path().Child(row.AgentType, row.RunID))
+		var a inspection
+		a.child, a.err = h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 		if a.err == nil {
 			if a.ch, a.err = hostOf(a.child); a.err == nil {
-				a.insp, a.err = a.ch.inspectChild(gctx, row.RunID)
+				a.insp, a.err = a.ch.inspectChild(ctx, row.RunID)
 			}
 		}
 		done <- a
 	}()
+	return done
+}
+
+// awaitInspection waits for a started inspection, within timeout. A nil
+// inspection means the child does not know the run yet.
+func (h *host) awaitInspection(ctx context.Context, done chan inspection, timeout time.Duration) (agent.Agent, *host, *Inspection, error) {
 	t := h.rt.Clock().NewTimer(timeout)
 	defer t.Stop()
-	var a answer
+	var a inspection
 	err := agent.Await(ctx, func() error {
 		select {
 		case a = <-done:
@@ -272,11 +310,10 @@ func (h *host) inspectForRecovery(ctx context.Context, row runRow, timeout time.
 // forwardStored sends the parent's clients the chunks of a run's child
 // stream after the run's last terminal mark, as a re-attach does, and
 // returns the sequence after the last one. A run collected without being
-// followed has no forwarder: a client whose connect replay read the run
+// followed has no forwarder (chunks are the child's stream of the run): a client whose connect replay read the run
 // while it was still streaming would otherwise miss the rest of it (the
 // replay marks drop what it already has).
-func (h *host) forwardStored(ctx context.Context, row runRow, ch *host) int {
-	chunks := ch.runChunks(ctx, row.RunID)
+func (h *host) forwardStored(ctx context.Context, row runRow, chunks []chat.StreamChunk) int {
 	if len(chunks) == 0 {
 		return 0
 	}

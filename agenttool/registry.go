@@ -104,22 +104,30 @@ func (h *host) readRun(ctx context.Context, runID string) (runRow, bool, error) 
 func (h *host) listRuns(ctx context.Context, where string, args ...any) ([]runRow, error) {
 	var out []runRow
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT `+runCols+` FROM agent_tool_runs WHERE instance_id = ? `+where+` ORDER BY started_at, run_id`,
-			append([]any{h.iid}, args...)...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			r, err := scanRun(rows)
-			if err != nil {
-				return err
-			}
-			out = append(out, r)
-		}
-		return rows.Err()
+		var err error
+		out, err = h.queryRuns(ctx, tx, where, args...)
+		return err
 	})
 	return out, err
+}
+
+// queryRuns lists this parent's runs that match where, in start order.
+func (h *host) queryRuns(ctx context.Context, tx store.Tx, where string, args ...any) ([]runRow, error) {
+	rows, err := tx.Query(ctx, `SELECT `+runCols+` FROM agent_tool_runs WHERE instance_id = ? `+where+` ORDER BY started_at, run_id`,
+		append([]any{h.iid}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []runRow
+	for rows.Next() {
+		r, err := scanRun(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // insertRun writes a new starting row unless the concurrency cap is

@@ -186,6 +186,31 @@ type EndHook struct {
 	Committed func(ok bool)
 }
 
+// AttachEnd attaches end to the unfinished turn id if it has no end hook,
+// as a turn that resumed after a restart has none (hooks are not stored):
+// its end then records the owner's end of the work in the same commit. It
+// reports whether it attached end; it does not once the turn's end is
+// being recorded, nor to a turn of another instance or none.
+func (b *Base) AttachEnd(id string, end *EndHook) bool {
+	c := b.c
+	if c == nil || end == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range append([]*turn{c.active, c.current}, c.queue...) {
+		if t == nil || t.row.ID != id {
+			continue
+		}
+		if t.end != nil || t.endTaken {
+			return false
+		}
+		t.end = end
+		return true
+	}
+	return false
+}
+
 // SubmitMessages appends msgs to the transcript and queues a turn without
 // waiting for it; it returns the turn id. Use WaitTurn to wait.
 func (b *Base) SubmitMessages(ctx context.Context, msgs []message.Message, opts SubmitOptions) (string, error) {

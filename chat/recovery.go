@@ -355,27 +355,35 @@ func CreditProgress(ctx context.Context, a agent.Agent) error {
 	return nil
 }
 
+// incidentState is what beginIncident decides from: the turn's work meter
+// and its open incident, if any (read with the turn's stored stream).
+type incidentState struct {
+	current  int64
+	existing incident
+	found    bool
+}
+
+// loadIncidentState reads the work meter and the open incident of turn id.
+func (c *core) loadIncidentState(ctx context.Context, tx store.Tx, id string) (incidentState, error) {
+	var st incidentState
+	if err := tx.QueryRow(ctx, `SELECT work FROM chat_streams WHERE instance_id = ? AND id = ?`, c.iid, id).Scan(&st.current); err != nil {
+		return st, fmt.Errorf("load recovery incident: %w", err)
+	}
+	var err error
+	if st.existing, st.found, err = loadIncident(ctx, tx, c.iid, id); err != nil {
+		return st, fmt.Errorf("load recovery incident: %w", err)
+	}
+	return st, nil
+}
+
 // beginIncident opens or continues the recovery incident of an
 // interrupted turn and decides, as the reference does, whether a budget is
 // spent. It returns the exhaustion that seals the turn, or nil to go on.
-func (c *core) beginIncident(ctx context.Context, t *turn, kind RecoveryKind) (*RecoveryExhausted, error) {
+func (c *core) beginIncident(ctx context.Context, t *turn, kind RecoveryKind, st incidentState) (*RecoveryExhausted, error) {
 	b := c.budgets(ctx)
 	now := c.rt.Clock().Now()
 	nowMs := now.UnixMilli()
-	var existing incident
-	var found bool
-	var current int64
-	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
-		if err := tx.QueryRow(ctx, `SELECT work FROM chat_streams WHERE instance_id = ? AND id = ?`, c.iid, t.row.ID).Scan(&current); err != nil {
-			return err
-		}
-		var err error
-		existing, found, err = loadIncident(ctx, tx, c.iid, t.row.ID)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("load recovery incident: %w", err)
-	}
+	existing, found, current := st.existing, st.found, st.current
 	id := t.row.ID + ":"
 	if n := len(t.row.MessageIDs); n > 0 {
 		id += t.row.MessageIDs[n-1]

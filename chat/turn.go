@@ -24,7 +24,8 @@ type turn struct {
 	recovering bool
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
-	end        *EndHook // the submitter's writes at the end, if any
+	end        *EndHook // the submitter's writes at the end, if any (guarded by core.mu once queued)
+	endTaken   bool     // finishTurn read end: AttachEnd is too late
 
 	// Guarded by c.mu: the stream as clients see it. chunks are the
 	// committed chunks (the output gate: only those reach clients);
@@ -517,9 +518,13 @@ func safeCall(fn func() error) (err error) {
 // run again.
 func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []message.Message) (policy Recovery, collect bool, err error) {
 	var chunks []storedChunk
+	var incident incidentState
 	err = c.rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
-		chunks, err = loadChunks(ctx, tx, c.iid, t.row.ID)
+		if chunks, err = loadChunks(ctx, tx, c.iid, t.row.ID); err != nil {
+			return err
+		}
+		incident, err = c.loadIncidentState(ctx, tx, t.row.ID)
 		return err
 	})
 	if err != nil {
@@ -576,7 +581,7 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	if len(b.Message().Parts) > 0 {
 		kind = RecoveryKindContinue
 	}
-	if t.sealed, err = c.beginIncident(ctx, t, kind); err != nil {
+	if t.sealed, err = c.beginIncident(ctx, t, kind, incident); err != nil {
 		return 0, false, err
 	}
 	// What recovery writes from here on (closing what the crash cut) is
@@ -713,6 +718,8 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	c.mu.Lock()
 	gen := c.gen
 	msgs := append([]message.Message(nil), c.msgs...)
+	end := t.end
+	t.endTaken = true // AttachEnd attaches nothing from here on
 	c.mu.Unlock()
 	pos, reorder := -1, false
 	if hasMsg {
@@ -786,17 +793,17 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 				return err
 			}
 		}
-		if t.end != nil && t.end.Write != nil {
+		if end != nil && end.Write != nil {
 			c.mu.Lock()
 			next := t.nextSeq
 			c.mu.Unlock()
 			wrote = true
-			return t.end.Write(ctx, tx, res, next)
+			return end.Write(ctx, tx, res, next)
 		}
 		return nil
 	})
-	if t.end != nil && t.end.Committed != nil {
-		t.end.Committed(wrote && err == nil && !gone)
+	if end != nil && end.Committed != nil {
+		end.Committed(wrote && err == nil && !gone)
 	}
 	if err != nil {
 		if ctx.Err() != nil {

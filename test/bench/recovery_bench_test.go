@@ -143,6 +143,7 @@ func benchRecovery(b *testing.B, parents, perParent int) {
 	m.Store(scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text(recovText)}))))
 	ctx := context.Background()
 	var total time.Duration
+	var stats sqlite.Stats
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
@@ -208,6 +209,11 @@ func benchRecovery(b *testing.B, parents, perParent int) {
 		elapsed := time.Since(start)
 		b.StopTimer()
 		total += elapsed
+		st := db.Stats()
+		stats.Views += st.Views
+		stats.Updates += st.Updates
+		stats.Commits += st.Commits
+		stats.Statements += st.Statements
 		rt.Close()
 		db.Close()
 		os.RemoveAll(dir)
@@ -220,4 +226,9 @@ func benchRecovery(b *testing.B, parents, perParent int) {
 	per := total / time.Duration(b.N)
 	b.ReportMetric(float64(per.Microseconds())/1000, "ms/recovery")
 	b.ReportMetric(float64(runs)/per.Seconds(), "runs/s")
+	n := float64(b.N * runs)
+	b.ReportMetric(float64(stats.Views)/n, "views/run")
+	b.ReportMetric(float64(stats.Updates)/n, "updates/run")
+	b.ReportMetric(float64(stats.Commits)/n, "commits/run")
+	b.ReportMetric(float64(stats.Statements)/n, "stmts/run")
 }
