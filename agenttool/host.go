@@ -71,7 +71,10 @@ type host struct {
 	replayed map[*agent.Conn]map[string]int64
 	hasRuns  int                  // -1 unknown, 0 none, 1 some
 	child    map[string]*childRun // child: runs executing here
-	stale    []runRow             // parent: runs in flight when hydrated
+	// finishing counts, per run, the finish calls between their terminal
+	// write and its broadcast.
+	finishing map[string]int
+	stale     []runRow // parent: runs in flight when hydrated
 	// startDetached holds the undelivered detached runs that StartLayer
 	// read (startListed), for LayerStarted to resume unless a run was
 	// recorded in between (hasRuns is then 1, no longer -1).
@@ -116,6 +119,7 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	h.unstarted = map[string]chan struct{}{}
 	h.replayed = map[*agent.Conn]map[string]int64{}
 	h.child = map[string]*childRun{}
+	h.finishing = map[string]int{}
 	h.hasRuns = -1
 	if h.b.Created() {
 		// A new instance has no runs to recover or resume.

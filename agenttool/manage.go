@@ -51,11 +51,45 @@ func CancelAgentTool(ctx context.Context, parent agent.Agent, runID, reason stri
 			if err := ch.cancelChildRun(ctx, runID, reason); err != nil {
 				h.b.Logger().Error("agenttool: cancel child", "run", runID, "err", err)
 			}
+			// The child's end is recorded before the run's: whoever reads
+			// the run aborted (OnFinish, the terminal frame, a client)
+			// finds its child ended too, with its last chunks.
+			if err := ch.awaitChildEnd(ctx, runID, cancelWait); err != nil {
+				return fmt.Errorf("agenttool: cancel %s: %w", runID, err)
+			}
 			mark = ch.streamNext(ctx, runID)
 		}
 	}
 	_, err = h.finish(ctx, row, Result{Status: StatusAborted, Error: reason}, mark)
 	return err
+}
+
+// cancelWait bounds how long CancelAgentTool waits for a canceled child to
+// record its end (a tool that ignores its context can hold the turn).
+const cancelWait = 10 * time.Second
+
+// awaitChildEnd waits, an await point of the caller's instance, until this
+// child has recorded the end of run runID if it is executing it here, or
+// until limit has passed.
+func (h *host) awaitChildEnd(ctx context.Context, runID string, limit time.Duration) error {
+	h.mu.Lock()
+	cr, ok := h.child[runID]
+	h.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	t := h.rt.Clock().NewTimer(limit)
+	defer t.Stop()
+	return agent.Await(ctx, func() error {
+		select {
+		case <-cr.done:
+		case <-t.Chan():
+			h.b.Logger().Warn("agenttool: a canceled child run has not ended", "run", runID, "waited", limit)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return nil
+	})
 }
 
 // streamNext returns the next sequence of a child run's stream (0 when it

@@ -41,10 +41,11 @@ func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	// until the forwarder passes it.
 	// So are the frames of a run awaited here whose end is stored but
 	// not yet broadcast (a child's end writes its parent's terminal row,
-	// and the parent sends the terminal event after it).
+	// and the parent sends the terminal event after it), and of a run
+	// being finished here (its row is written, then broadcast).
 	marks := map[string]int64{}
 	for id, hw := range sent {
-		if active[id] || h.live[id] != nil {
+		if active[id] || h.live[id] != nil || h.finishing[id] > 0 {
 			marks[id] = hw
 		}
 	}

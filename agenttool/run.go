@@ -641,6 +641,19 @@ func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Re
 		stored, _, err := h.readRun(ctx, row.RunID)
 		return stored.Result(), err
 	}
+	// Between the terminal row's commit and its broadcast, a connect
+	// replay can read the row and send the terminal event: finishing tells
+	// it to drop the broadcast for that connection.
+	h.mu.Lock()
+	h.finishing[row.RunID]++
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		if h.finishing[row.RunID]--; h.finishing[row.RunID] <= 0 {
+			delete(h.finishing, row.RunID)
+		}
+		h.mu.Unlock()
+	}()
 	won, marks, err := h.writeTerminal(ctx, row.RunID, res, mark)
 	if err != nil {
 		return res, fmt.Errorf("agenttool: record result: %w", err)
