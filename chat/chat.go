@@ -165,6 +165,12 @@ type TurnResult struct {
 	// Exhausted is set when recovery gave up on the turn (it was sealed:
 	// outcome error, Error the terminal message, which also ends Message).
 	Exhausted ExhaustReason
+	// Usage counts the tokens of the message's own model calls (of every
+	// turn that wrote it: a continuation's include the turn before).
+	Usage Usage
+	// TreeUsage is Usage plus the usage of the agent-tool runs the turn
+	// awaited, each with its own children: the whole delegation tree.
+	TreeUsage Usage
 }
 
 // Text returns the concatenated text parts of the turn's message.
