@@ -68,7 +68,7 @@ func TestFileLimits(t *testing.T) {
 		{"default image limit", Config{}, model.Content{Kind: model.ContentFile, MediaType: "image/jpeg", Data: make([]byte, 5<<20+1), Filename: "huge.jpg"},
 			`file "huge.jpg" is 5.0 MiB, more than the Anthropic limit of 5.0 MiB per image`},
 		{"pdf limit", Config{MaxPDFBytes: 100}, model.Content{Kind: model.ContentFile, MediaType: "application/pdf", Data: make([]byte, 101)},
-			"more than the Anthropic limit of 1 KiB per PDF"},
+			"is 101 bytes, more than the Anthropic limit of 100 bytes per PDF"},
 		{"unsupported", Config{}, model.Content{Kind: model.ContentFile, MediaType: "video/mp4", Data: []byte("x"), Filename: "clip.mp4"},
 			`Anthropic does not take video/mp4 files ("clip.mp4")`},
 	} {

@@ -150,8 +150,11 @@ func kindName(k Kind) string {
 }
 
 func size(n int) string {
-	if n >= 1<<20 {
+	switch {
+	case n >= 1<<20:
 		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n < 1<<10:
+		return fmt.Sprintf("%d bytes", n)
 	}
 	return fmt.Sprintf("%d KiB", (n+1023)/1024)
 }
