@@ -104,6 +104,11 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 			return err
 		}
 		finish = reason
+		// The step's usage goes out before its tools run: an awaiting
+		// parent holds it against the run's budget at once.
+		if err := tt.t.writeUsage(); err != nil {
+			return err
+		}
 		if len(calls) > 0 {
 			if err := tt.t.markTools(ctx, true); err != nil {
 				return err
@@ -116,9 +121,6 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 			}
 		}
 		if err := tt.Write(message.FinishStep()); err != nil {
-			return err
-		}
-		if err := tt.t.writeUsage(); err != nil {
 			return err
 		}
 		if len(calls) == 0 {
