@@ -16,6 +16,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/model"
+	"github.com/agentry/agentry/model/anthropic"
 	"github.com/agentry/agentry/model/openai"
 	"github.com/agentry/agentry/model/scripted"
 )
@@ -52,9 +53,35 @@ func (f *fakeOpenAI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// fakeAnthropic is a local Anthropic Messages server that answers every
+// request with "A PDF." and keeps the request bodies.
+type fakeAnthropic struct {
+	mu     sync.Mutex
+	bodies []string
+}
+
+func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	f.mu.Lock()
+	f.bodies = append(f.bodies, string(b))
+	f.mu.Unlock()
+	w.Header().Set("Content-Type", "text/event-stream")
+	for _, ev := range [][2]string{
+		{"message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[],"stop_reason":null,"usage":{"input_tokens":25,"output_tokens":1}}}`},
+		{"content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`},
+		{"content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A PDF."}}`},
+		{"content_block_stop", `{"type":"content_block_stop","index":0}`},
+		{"message_delta", `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":4}}`},
+		{"message_stop", `{"type":"message_stop"}`},
+	} {
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev[0], ev[1])
+	}
+}
+
 // TestSDKParts runs test/npm/sdk-parts.mjs: regenerate with the real
-// client; a file part from sendMessage({files}) that reaches the model
-// through the real OpenAI SDK (this test checks the request body); a
+// client; file parts from sendMessage({files}) that reach the model
+// through the real OpenAI SDK (an image) and the real Anthropic SDK (a
+// PDF) against local servers (this test checks the request bodies); a
 // tool's data parts, transient data and preliminary output; and the
 // assistant message's metadata and usage.
 func TestSDKParts(t *testing.T) {
@@ -66,6 +93,10 @@ func TestSDKParts(t *testing.T) {
 	srv := httptest.NewServer(fake)
 	defer srv.Close()
 	gpt := openai.New(openai.Config{BaseURL: srv.URL + "/v1", APIKey: "sk-test", Model: "gpt-test", HTTPClient: srv.Client(), MaxRetries: -1})
+	fakeA := &fakeAnthropic{}
+	srvA := httptest.NewServer(fakeA)
+	defer srvA.Close()
+	claude := anthropic.New(anthropic.Config{BaseURL: srvA.URL, APIKey: "sk-test", Model: "claude-test", HTTPClient: srvA.Client(), MaxRetries: -1})
 	report := chat.NewTool("report", "Report progress.", func(ctx context.Context, in struct{}) (map[string]bool, error) {
 		s, _ := chat.ToolStreamFrom(ctx)
 		for _, err := range []error{
@@ -88,7 +119,7 @@ func TestSDKParts(t *testing.T) {
 		return agent.Class{Name: name, Public: true, New: func() agent.Agent { return &sdkChat{m: m, tools: tools} }}
 	}
 	env := testenv.Start(t, testenv.Options{
-		Classes: []agent.Class{class("CountChat", count), class("FileChat", gpt), class("PartsChat", parts, report)},
+		Classes: []agent.Class{class("CountChat", count), class("FileChat", gpt), class("ClaudeChat", claude), class("PartsChat", parts, report)},
 		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
 	})
 	out := testenv.Node(t, 60*time.Second, "sdk-parts.mjs", env.Host)
@@ -102,5 +133,11 @@ func TestSDKParts(t *testing.T) {
 	if len(fake.bodies) != 1 || !strings.Contains(fake.bodies[0], `{"image_url":{"url":"data:image/png;base64,`+png+`"},"type":"image_url"}`) ||
 		!strings.Contains(fake.bodies[0], `"text":"what is in the picture?"`) {
 		t.Fatalf("OpenAI request bodies: %q", fake.bodies)
+	}
+	fakeA.mu.Lock()
+	defer fakeA.mu.Unlock()
+	const pdf = "JVBERi0xLjQKJSVFT0YK" // "%PDF-1.4\n%%EOF\n"
+	if len(fakeA.bodies) != 1 || !strings.Contains(fakeA.bodies[0], `{"source":{"data":"`+pdf+`","media_type":"application/pdf","type":"base64"},"title":"doc.pdf","type":"document"}`) {
+		t.Fatalf("Anthropic request bodies: %q", fakeA.bodies)
 	}
 }

@@ -3,8 +3,8 @@
 // TestSDKParts at argv[2]:
 //   1. regenerate: the last answer is replaced by a new one, on the client
 //      and on the server, and the request says trigger regenerate-message;
-//   2. a file part (an image data: URL) from sendMessage({files}) reaches the
-//      model (the Go test checks the OpenAI request body);
+//   2. file parts (an image, a PDF) from sendMessage({files}) reach the model
+//      (the Go test checks the OpenAI and Anthropic request bodies);
 //   3. a tool's data parts, transient data and preliminary output, and the
 //      assistant message's metadata (createdAt, model, usage).
 // Every check is an assertion; exit code 0 means all passed.
@@ -67,7 +67,14 @@ async function open(cls, room, init = {}) {
   const stored = await getMessages("file-chat", "files");
   assert.equal(stored[0].parts.find((p) => p.type === "file").url, "data:image/png;base64," + png, "the file part is stored");
   agent.close();
-  log("2 file part ok");
+  const claude = await open("ClaudeChat", "files");
+  const pdf = "JVBERi0xLjQKJSVFT0YK";
+  await claude.chat.sendMessage({ text: "summarize", files: [{ type: "file", mediaType: "application/pdf", filename: "doc.pdf", url: "data:application/pdf;base64," + pdf }] });
+  assert.equal(claude.chat.status, "ready", "chat error: " + claude.chat.error?.message);
+  assert.equal(textOf(claude.chat.messages.at(-1)), "A PDF.");
+  assert.deepEqual(claude.chat.messages.at(-1).metadata.usage, { inputTokens: 25, outputTokens: 4, totalTokens: 29 });
+  claude.agent.close();
+  log("2 file parts ok");
 }
 
 // 3. Data parts, transient data, preliminary output and metadata.
