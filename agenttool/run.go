@@ -519,10 +519,9 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	end := ch.endOf(cr)
 	if won, marks, ok := ch.fused(cr); ok {
 		res := Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusCompleted, Summary: end.summary}
+		// The child's end transaction recorded its usage with the end.
 		stopUsage()
-		if res.Usage = usage.usage(); won {
-			h.recordUsage(bg, row.RunID, res.Usage)
-		}
+		res.Usage = usage.usage()
 		return h.finished(bg, row, res, won, marks)
 	}
 	var insp *Inspection

@@ -79,8 +79,9 @@ type RunOptions struct {
 	// Detached, when set, makes the run detached: RunAgentTool returns a
 	// handle (status running, or error) right after dispatch.
 	Detached *DetachedOptions
-	// Tokens caps the tokens the run may use (an awaited run; zero
-	// fields: no cap).
+	// Tokens caps the tokens the run may use (zero fields: no cap). It
+	// is stored with the run, so a run followed again after a restart
+	// keeps it.
 	Tokens TokenBudget
 }
 

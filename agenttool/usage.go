@@ -9,10 +9,9 @@ import (
 
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
-	"github.com/agentry/agentry/store"
 )
 
-// TokenBudget caps the tokens of an awaited run. A run whose child goes
+// TokenBudget caps the tokens of a run, awaited or detached. A run whose child goes
 // over a cap is stopped: the child is canceled and the run ends
 // interrupted with reason budget-exceeded (not retryable: FailureOf says
 // so). The child reports its usage after each model call and whenever a
@@ -112,13 +111,6 @@ func (w *usageWatch) usage() *chat.Usage {
 	return &u
 }
 
-// exceeded reports whether the reports so far are over the budget.
-func (w *usageWatch) exceeded() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.seen && w.budget.exceeded(w.own, w.tree)
-}
-
 // budgetError is the error text of a run stopped by its token budget.
 func (w *usageWatch) budgetError() string {
 	w.mu.Lock()
@@ -162,16 +154,12 @@ func (w *usageWatch) relay(ctx context.Context, runID string) (stop func()) {
 	}
 }
 
-// recordUsage stores a run's usage in its registry row.
-func (h *host) recordUsage(ctx context.Context, runID string, u *chat.Usage) {
-	if u == nil {
-		return
+// treeUsage is the usage a child's turn result records for its run: its
+// tree usage, or nil when it used no tokens.
+func treeUsage(res chat.TurnResult) *chat.Usage {
+	if res.TreeUsage.IsZero() {
+		return nil
 	}
-	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET usage_json = ? WHERE instance_id = ? AND run_id = ?`, usageColumn(u), h.iid, runID)
-		return err
-	})
-	if err != nil {
-		h.b.Logger().Warn("agenttool: record usage", "run", runID, "err", err)
-	}
+	u := res.TreeUsage
+	return &u
 }

@@ -108,7 +108,9 @@ func onlyRun(t *testing.T, ctx context.Context, a agent.Agent) agenttool.Run {
 	return runs[0]
 }
 
-func u(in, out int) chat.Usage { return chat.Usage{InputTokens: in, OutputTokens: out, TotalTokens: in + out} }
+func u(in, out int) chat.Usage {
+	return chat.Usage{InputTokens: in, OutputTokens: out, TotalTokens: in + out}
+}
 
 // TestUsageRollsUpTree: in a three-level tree each level's messages carry
 // their own usage and their tree usage (their own plus everything below),
