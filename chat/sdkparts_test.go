@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/agentry/agentry/agent"
@@ -321,4 +322,50 @@ func weatherTools() []chat.Tool {
 	return []chat.Tool{chat.NewTool("weather", "Weather in a city.", func(ctx context.Context, in weatherIn) (weatherOut, error) {
 		return weatherOut{TempC: 21}, nil
 	})}
+}
+
+// TestRecoverRerunsPreliminaryCall: a tool call that wrote a preliminary
+// output and was cut by a restart has no final result: the recovered turn
+// runs it again, and its final output replaces the preliminary one.
+func TestRecoverRerunsPreliminaryCall(t *testing.T) {
+	dir := t.TempDir()
+	var runs atomic.Int64
+	m := scripted.New(scripted.WithRules(
+		scripted.Rule{Name: "answer", Match: scripted.LastIsToolResult, Reply: scripted.Always(scripted.Reply{scripted.Text("done")})},
+		scripted.Rule{Name: "call", Reply: scripted.Always(scripted.Reply{scripted.ToolCall("slow", map[string]any{})})},
+	))
+	slow := chat.NewTool("slow", "Works in stages.", func(ctx context.Context, in struct{}) (string, error) {
+		if runs.Add(1) == 1 {
+			s, _ := chat.ToolStreamFrom(ctx)
+			if err := s.Preliminary("stage 1"); err != nil {
+				return "", err
+			}
+			// Cut by the restart.
+			return "", agent.Await(ctx, func() error { <-ctx.Done(); return ctx.Err() })
+		}
+		return "final", nil
+	})
+	classes := []agent.Class{chatClass("Bot", &kit{model: m, tools: []chat.Tool{slow}})}
+	r1 := newRig(t, rigOptions{dir: dir, classes: classes})
+	id, err := getChat(t, r1.rt, "Bot", "pre").SubmitMessages(testCtx(t), []message.Message{userMsg("go")}, chat.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1.db.waitFor(t, "the preliminary output to be persisted", func() bool {
+		return count(t, r1.sq, `SELECT COUNT(*) FROM chat_chunks WHERE stream_id = ? AND body LIKE '%"preliminary":true%'`, id) == 1
+	})
+	r1.close()
+
+	r2 := newRig(t, rigOptions{dir: dir, classes: classes})
+	res, err := getChat(t, r2.rt, "Bot", "pre").WaitTurn(testCtx(t), id)
+	if err != nil || res.Outcome != chat.OutcomeCompleted || res.Text() != "done" {
+		t.Fatalf("recovered turn: %+v, %v", res, err)
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("tool ran %d times, want 2 (again after the restart)", runs.Load())
+	}
+	tp := toolParts(res.Message)
+	if len(tp) != 1 || string(tp[0].Output) != `"final"` || tp[0].Preliminary != nil {
+		t.Fatalf("tool parts %+v", tp)
+	}
 }
