@@ -131,6 +131,9 @@ func (t *turn) addModelUsage(m model.Model, u model.Usage) {
 // client (and an awaiting parent) sees it grow step by step.
 func (t *turn) writeUsage() error {
 	md := t.usage.snapshot()
+	if md.Usage.IsZero() && md.TreeUsage.IsZero() {
+		return nil // a model that reports no usage
+	}
 	md.Model = ""
 	raw, _ := json.Marshal(md)
 	return t.write(message.MessageMetadata(raw))
