@@ -160,6 +160,13 @@ func TestUsageRollsUpTree(t *testing.T) {
 			t.Errorf("%s run records usage %+v, want %+v", lv.name, lv.run.Usage, lv.runRecords)
 		}
 	}
+	// Each message also says which run used what.
+	if got := chat.MessageMetadata(lastAssistant(t, mid)).ChildUsage; len(got) != 1 || got[leafRun.RunID] != leafOwn {
+		t.Errorf("mid's child usage %+v, want %s: %+v", got, leafRun.RunID, leafOwn)
+	}
+	if got := chat.MessageMetadata(res.Message).ChildUsage; len(got) != 1 || got[midRun.RunID] != midTree {
+		t.Errorf("root's child usage %+v, want %s: %+v", got, midRun.RunID, midTree)
+	}
 	if res.Usage != rootOwn || res.TreeUsage != rootTree {
 		t.Errorf("root result usage %+v tree %+v, want %+v and %+v", res.Usage, res.TreeUsage, rootOwn, rootTree)
 	}

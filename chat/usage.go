@@ -52,6 +52,8 @@ type Metadata struct {
 	// awaited, each counting its own children in turn: the usage of the
 	// whole delegation tree below this message.
 	TreeUsage *Usage `json:"treeUsage,omitempty"`
+	// ChildUsage is the tree usage of each of those runs, by run id.
+	ChildUsage map[string]Usage `json:"childUsage,omitempty"`
 }
 
 // MessageMetadata decodes the framework's part of an assistant message's
@@ -114,7 +116,11 @@ func (u *turnUsage) snapshot() Metadata {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	own, tree := u.own, u.tree()
-	return Metadata{Model: u.model, Usage: &own, TreeUsage: &tree}
+	var children map[string]Usage
+	if len(u.children) > 0 {
+		children = maps.Clone(u.children)
+	}
+	return Metadata{Model: u.model, Usage: &own, TreeUsage: &tree, ChildUsage: children}
 }
 
 // addModelUsage counts one model call of the turn.
@@ -252,13 +258,10 @@ func (t *turn) seedUsage() {
 	if md.Usage != nil {
 		t.usage.own = *md.Usage
 	}
-	if md.TreeUsage != nil {
-		if rest := md.TreeUsage.Add(Usage{-t.usage.own.InputTokens, -t.usage.own.OutputTokens, -t.usage.own.TotalTokens}); !rest.IsZero() {
-			if t.usage.children == nil {
-				t.usage.children = map[string]Usage{}
-			}
-			t.usage.children[""] = rest // earlier children, by total
-		}
+	if len(md.ChildUsage) > 0 {
+		// By run: a run the turn awaits again reports anew, replacing its
+		// earlier report rather than adding to it.
+		t.usage.children = maps.Clone(md.ChildUsage)
 	}
 	if md.Model != "" {
 		t.usage.model = md.Model
