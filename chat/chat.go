@@ -7,6 +7,12 @@
 // (see agent and docs/concurrency.md). It speaks the protocol of the npm chat clients
 // (useAgentChat, WebSocketChatTransport).
 //
+// Tools write data parts, transient data and preliminary output into their
+// turn's stream (ToolStream), and assistant messages carry metadata: their
+// creation time, model, finish reason and token usage, the usage of the
+// agent-tool runs below them, and the application's own
+// (MetadataProvider).
+//
 // A chat agent embeds Base and is written one of two ways:
 //
 //   - declaratively: it implements SystemPrompt, Tools and (or relies on the
