@@ -250,7 +250,7 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 				return nil
 			}
 			won, marks, err := writeTerminalTx(ctx, tx, f.parent.iid, cr.runID,
-				Result{Status: StatusCompleted, Summary: end.summary}, next, now.UnixMilli())
+				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli())
 			h.mu.Lock()
 			f.won, f.marks = won, marks
 			h.mu.Unlock()

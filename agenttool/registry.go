@@ -7,6 +7,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/store"
 )
 
@@ -33,7 +34,7 @@ type detachedCols struct {
 const runCols = `run_id, parent_tool_call_id, agent_type, input_preview, status, summary, output_json, error_message,
 	interrupted_reason, child_still_running, display_metadata, display_order, started_at, completed_at, terminal_marks,
 	detached, detached_on_finish, detached_notify, detached_notify_source, detached_max_budget_at,
-	detached_no_progress_budget_ms, detached_on_milestones, finish_delivered_at, give_up_delivered_at`
+	detached_no_progress_budget_ms, detached_on_milestones, finish_delivered_at, give_up_delivered_at, usage_json, token_budget`
 
 func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	var row runRow
@@ -43,11 +44,22 @@ func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	var detached, notify int
 	var onFinish, source, onMilestones sql.NullString
 	var maxAt, noProgress, finishDelivered, giveUpDelivered sql.NullInt64
+	var usage, budget sql.NullString
 	err := r.Scan(&row.RunID, &ptc, &row.AgentType, &preview, &row.Status, &summary, &output, &errMsg,
 		&reason, &still, &display, &row.DisplayOrder, &started, &completed, &marks,
-		&detached, &onFinish, &notify, &source, &maxAt, &noProgress, &onMilestones, &finishDelivered, &giveUpDelivered)
+		&detached, &onFinish, &notify, &source, &maxAt, &noProgress, &onMilestones, &finishDelivered, &giveUpDelivered,
+		&usage, &budget)
 	if err != nil {
 		return row, err
+	}
+	if usage.Valid {
+		var u chat.Usage
+		if json.Unmarshal([]byte(usage.String), &u) == nil {
+			row.Usage = &u
+		}
+	}
+	if budget.Valid {
+		_ = json.Unmarshal([]byte(budget.String), &row.TokenBudget)
 	}
 	row.det = detachedCols{Detached: detached != 0, OnFinish: onFinish.String, Notify: notify != 0, NotifySource: source.String,
 		NoProgressBudget: time.Duration(noProgress.Int64) * time.Millisecond,
@@ -176,12 +188,12 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 		}
 		res, err := tx.Exec(ctx, `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
 				status, display_metadata, display_order, started_at, detached, detached_on_finish, detached_notify,
-				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones)
-			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones, token_budget)
+			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
 			WHERE (SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND status IN ('starting', 'running')) < ?`,
 			h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
 			r.Status, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
-			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, h.iid, limit)
+			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), h.iid, limit)
 		if err != nil {
 			return err
 		}
@@ -245,10 +257,11 @@ func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, 
 			still = boolInt(*res.ChildStillRunning)
 		}
 		r, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ?, summary = ?, output_json = ?, error_message = ?,
-				interrupted_reason = ?, child_still_running = ?, completed_at = ?, terminal_marks = ?
+				interrupted_reason = ?, child_still_running = ?, completed_at = ?, terminal_marks = ?,
+				usage_json = COALESCE(?, usage_json)
 			WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
 			res.Status, nullStr(res.Summary), nullStr(string(res.Output)), nullStr(res.Error),
-			nullStr(string(res.Reason)), still, now, string(mj), iid, runID)
+			nullStr(string(res.Reason)), still, now, string(mj), usageColumn(res.Usage), iid, runID)
 		if err != nil {
 			return err
 		}

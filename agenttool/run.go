@@ -81,7 +81,8 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		return Result{}, err
 	}
 	run := Run{RunID: runID, ParentToolCallID: opts.ParentToolCallID, AgentType: class, InputPreview: preview,
-		Status: StatusStarting, Display: opts.Display, DisplayOrder: opts.DisplayOrder, StartedAt: h.rt.Clock().Now()}
+		Status: StatusStarting, Display: opts.Display, DisplayOrder: opts.DisplayOrder, StartedAt: h.rt.Clock().Now(),
+		TokenBudget: opts.Tokens}
 	// An awaited run is live from before its row is written, so that
 	// CancelAgentTool (and clear) reach it while it is being dispatched,
 	// and a second dispatch of the same id waits for it instead of
@@ -426,8 +427,14 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	// chat lock, which the follower runs under.
 	credit := h.progressCrediter(ctx, row)
 	defer credit.stop()
+	// The child's usage reports go up to the parent's turn, and are held
+	// against the run's token budget.
+	usage := newUsageWatch(row.TokenBudget)
+	stopUsage := usage.relay(ctx, row.RunID)
+	defer stopUsage()
 	stop, err := cb.FollowStream(context.WithoutCancel(runCtx), cr.streamID, after, func(seq int, body string) {
 		credit.offer()
+		usage.offer(body)
 		idleMu.Lock()
 		if idle != nil {
 			idle.Reset(lim.noProgress)
@@ -461,6 +468,15 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		case <-h.rt.Context().Done():
 		case <-idleC:
 			gaveUp = ReasonNoProgress
+		case <-usage.over:
+			gaveUp = ReasonBudgetExceeded
+			if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run stopped by the parent: budget-exceeded"); err != nil {
+				h.b.Logger().Error("agenttool: tear down child", "run", row.RunID, "err", err)
+			}
+			select {
+			case <-cr.done:
+			case <-h.rt.Context().Done():
+			}
 		case <-windowC:
 			gaveUp = ReasonWindowExceeded
 			if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run given up by parent recovery: window-exceeded"); err != nil {
@@ -503,6 +519,9 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	end := ch.endOf(cr)
 	if won, marks, ok := ch.fused(cr); ok {
 		res := Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusCompleted, Summary: end.summary}
+		// The child's end transaction recorded its usage with the end.
+		stopUsage()
+		res.Usage = usage.usage()
 		return h.finished(bg, row, res, won, marks)
 	}
 	var insp *Inspection
@@ -529,6 +548,9 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		// The parent stops waiting; the run stays repairable.
 		res = Result{Status: StatusInterrupted, Error: interruptedMessage(gaveUp), Reason: gaveUp,
 			ChildStillRunning: ptr(gaveUp == ReasonNoProgress)}
+		if gaveUp == ReasonBudgetExceeded {
+			res.Error = usage.budgetError()
+		}
 		h.publish("recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
 	}
 	// Chunks committed after the follower stopped (a give-up, a cancel)
@@ -542,9 +564,12 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	} else if chunks, err := cb.StreamChunks(bg, cr.streamID, next-1); err == nil && len(chunks) > 0 {
 		for _, c := range chunks {
 			h.current().broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
+			usage.offer(c.Body)
 		}
 		mark = chunks[len(chunks)-1].Seq + 1
 	}
+	stopUsage()
+	res.Usage = usage.usage()
 	return h.finish(bg, row, res, mark)
 }
 
@@ -675,6 +700,9 @@ func (h *host) finished(ctx context.Context, row runRow, res Result, won bool, m
 	run := row.Run
 	run.Status, run.Summary, run.Output, run.Error = res.Status, res.Summary, res.Output, res.Error
 	run.Reason, run.ChildStillRunning = res.Reason, res.ChildStillRunning
+	if res.Usage != nil {
+		run.Usage = res.Usage
+	}
 	h.publish("finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
 	switch {
 	case !row.det.Detached:
@@ -733,6 +761,8 @@ func interruptedMessage(r Reason) string {
 		return "Agent tool run could not be inspected during parent recovery."
 	case ReasonRecoveryDeadline:
 		return "Agent tool run recovery deadline exceeded."
+	case ReasonBudgetExceeded:
+		return "Agent tool run used more tokens than its budget allows; the parent stopped it."
 	}
 	return "Agent tool run was still running and did not reach a terminal result."
 }

@@ -35,7 +35,13 @@ func TestRunAgentToolCompleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jsonEq(t, res, agenttool.Result{RunID: "r1", AgentType: "Researcher", Status: agenttool.StatusCompleted, Summary: "Findings for HTTP/3"})
+	// The result carries the child's usage, as its message records it.
+	rmsgs := childOf[*researcher](t, env, a, "Researcher", "r1").Messages()
+	rusage := chat.TreeUsageOf(rmsgs[len(rmsgs)-1])
+	if rusage.TotalTokens == 0 {
+		t.Fatalf("the child recorded no usage: %s", rmsgs[len(rmsgs)-1].Metadata)
+	}
+	jsonEq(t, res, agenttool.Result{RunID: "r1", AgentType: "Researcher", Status: agenttool.StatusCompleted, Summary: "Findings for HTTP/3", Usage: &rusage})
 
 	fs := framesOf(ws.waitFrames(ctx, "r1 terminal", terminated("r1")), "r1")
 	checkSequences(t, fs)
@@ -123,10 +129,11 @@ func TestWorkflowChildOutput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := agenttool.Result{RunID: "x1", AgentType: "Extractor", Status: agenttool.StatusCompleted, Summary: "Extraction complete",
-		Output: must[json.RawMessage](t)(json.Marshal(extraction{Entities: []string{"Go", "Rust"}, Count: 2}))}
-	jsonEq(t, res, want)
 	child := childOf[*extractor](t, env, a, "Extractor", "x1")
+	xusage := chat.TreeUsageOf(child.Messages()[len(child.Messages())-1])
+	want := agenttool.Result{RunID: "x1", AgentType: "Extractor", Status: agenttool.StatusCompleted, Summary: "Extraction complete",
+		Output: must[json.RawMessage](t)(json.Marshal(extraction{Entities: []string{"Go", "Rust"}, Count: 2})), Usage: &xusage}
+	jsonEq(t, res, want)
 	if txt := chat.MessageText(child.Messages()[len(child.Messages())-1]); txt != "" {
 		t.Fatalf("the workflow child wrote text %q", txt)
 	}

@@ -78,4 +78,11 @@ var migrations = []store.Migration{{
 			delivered_at BIGINT NOT NULL,
 			PRIMARY KEY (instance_id, run_id, name))`,
 	},
+}, {
+	// Token usage and budgets of runs.
+	Version: 3,
+	Statements: []string{
+		`ALTER TABLE agent_tool_runs ADD COLUMN usage_json TEXT`,
+		`ALTER TABLE agent_tool_runs ADD COLUMN token_budget TEXT`,
+	},
 }}

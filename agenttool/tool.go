@@ -26,6 +26,8 @@ type ToolOptions struct {
 	Display     Display
 	// Schema adjusts the inferred input schema (a minimum length, an enum).
 	Schema func(s *jsonschema.Schema)
+	// Tokens caps the tokens of each run of the tool (see TokenBudget).
+	Tokens TokenBudget
 }
 
 func (o ToolOptions) display() Display {
@@ -97,7 +99,7 @@ func newAgentTool[In any](class string, o ToolOptions, success func(Result) (any
 		if !ok {
 			return nil, errors.New("agentTool can only run inside an agent turn")
 		}
-		opts := RunOptions{Input: in, Display: display}
+		opts := RunOptions{Input: in, Display: display, Tokens: o.Tokens}
 		if tc, ok := chat.ToolCallFromContext(ctx); ok && tc.ID != "" {
 			opts.RunID = "agent-tool:" + tc.ID
 			opts.ParentToolCallID = tc.ID

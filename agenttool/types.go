@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/agentry/agentry/chat"
 )
 
 // Status is the state of a run in the parent's registry.
@@ -77,6 +79,10 @@ type RunOptions struct {
 	// Detached, when set, makes the run detached: RunAgentTool returns a
 	// handle (status running, or error) right after dispatch.
 	Detached *DetachedOptions
+	// Tokens caps the tokens the run may use (zero fields: no cap). It
+	// is stored with the run, so a run followed again after a restart
+	// keeps it.
+	Tokens TokenBudget
 }
 
 // Result is how a run ended (or, for an interrupted run, how far it got).
@@ -90,6 +96,9 @@ type Result struct {
 	// Reason and ChildStillRunning are set for interrupted runs.
 	Reason            Reason `json:"reason,omitempty"`
 	ChildStillRunning *bool  `json:"childStillRunning,omitempty"`
+	// Usage is the tokens the child used, its own children included (the
+	// tree usage of its messages), when it reported any.
+	Usage *chat.Usage `json:"usage,omitempty"`
 }
 
 // Failure is what an AgentTool returns to the model when a run did not
@@ -118,7 +127,7 @@ func FailureOf(r Result) Failure {
 		if f.Error == "" {
 			f.Error = "agent tool run was interrupted before it finished; it can be retried"
 		}
-		f.Retryable, f.Reason, f.ChildStillRunning = true, r.Reason, r.ChildStillRunning
+		f.Retryable, f.Reason, f.ChildStillRunning = r.Reason != ReasonBudgetExceeded, r.Reason, r.ChildStillRunning
 	default:
 		f.Status = StatusError
 		if f.Error == "" {
@@ -144,12 +153,17 @@ type Run struct {
 	DisplayOrder      int             `json:"displayOrder"`
 	StartedAt         time.Time       `json:"startedAt"`
 	CompletedAt       *time.Time      `json:"completedAt,omitempty"`
+	// Usage is the tokens the run's child used, its own children
+	// included, as last reported.
+	Usage *chat.Usage `json:"usage,omitempty"`
+	// TokenBudget is the run's token cap.
+	TokenBudget TokenBudget `json:"tokenBudget,omitzero"`
 }
 
 // Result returns the run's result as stored.
 func (r Run) Result() Result {
 	return Result{RunID: r.RunID, AgentType: r.AgentType, Status: r.Status, Summary: r.Summary,
-		Output: r.Output, Error: r.Error, Reason: r.Reason, ChildStillRunning: r.ChildStillRunning}
+		Output: r.Output, Error: r.Error, Reason: r.Reason, ChildStillRunning: r.ChildStillRunning, Usage: r.Usage}
 }
 
 // ErrNotInstalled is returned when agenttool.Install was not called on the

@@ -7,6 +7,12 @@
 // (see agent and docs/concurrency.md). It speaks the protocol of the npm chat clients
 // (useAgentChat, WebSocketChatTransport).
 //
+// Tools write data parts, transient data and preliminary output into their
+// turn's stream (ToolStream), and assistant messages carry metadata: their
+// creation time, model, finish reason and token usage, the usage of the
+// agent-tool runs below them, and the application's own
+// (MetadataProvider).
+//
 // A chat agent embeds Base and is written one of two ways:
 //
 //   - declaratively: it implements SystemPrompt, Tools and (or relies on the
@@ -165,6 +171,12 @@ type TurnResult struct {
 	// Exhausted is set when recovery gave up on the turn (it was sealed:
 	// outcome error, Error the terminal message, which also ends Message).
 	Exhausted ExhaustReason
+	// Usage counts the tokens of the message's own model calls (of every
+	// turn that wrote it: a continuation's include the turn before).
+	Usage Usage
+	// TreeUsage is Usage plus the usage of the agent-tool runs the turn
+	// awaited, each with its own children: the whole delegation tree.
+	TreeUsage Usage
 }
 
 // Text returns the concatenated text parts of the turn's message.

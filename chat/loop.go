@@ -104,6 +104,11 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 			return err
 		}
 		finish = reason
+		// The step's usage goes out before its tools run: an awaiting
+		// parent holds it against the run's budget at once.
+		if err := tt.t.writeUsage(); err != nil {
+			return err
+		}
 		if len(calls) > 0 {
 			if err := tt.t.markTools(ctx, true); err != nil {
 				return err
@@ -181,7 +186,7 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 			}
 			_ = closeText()
 			_ = closeReasoning()
-			tt.t.errText = tt.t.c.turnError(tt.t, err)
+			tt.t.errText = tt.t.c.turnError(tt.t, publicModelError(err))
 			return nil, "", fmt.Errorf("%w: %v", errTurnError, err)
 		}
 		var werr error
@@ -260,6 +265,7 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 			}
 			calls = append(calls, pc)
 		case model.EventFinish:
+			tt.t.addModelUsage(m, ev.Usage)
 			if ev.FinishReason != "" {
 				finish = ev.FinishReason
 			}
@@ -296,13 +302,14 @@ func (tt *Turn) runCalls(ctx context.Context, calls []pendingCall, tools map[str
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tctx := WithToolCall(ctx, ToolCall{ID: pc.id, Name: pc.name, Input: pc.input})
+			tctx, endStream := toolContext(ctx, ToolCall{ID: pc.id, Name: pc.name, Input: pc.input})
 			var out any
 			err := agent.Enter(tctx, self, func(ctx context.Context) error {
 				var err error
 				out, err = tools[pc.name].Execute(ctx, pc.input)
 				return err
 			})
+			endStream()
 			var ch message.Chunk
 			if err != nil {
 				ch = message.ToolOutputError(pc.id, err.Error())
@@ -338,7 +345,7 @@ func pendingCalls(m message.Message, tools map[string]Tool) []pendingCall {
 	}
 	var out []pendingCall
 	for _, p := range m.Parts[last+1:] {
-		if !p.IsTool() || p.State != message.StateInputAvailable {
+		if !p.IsTool() || !awaitsResult(p) {
 			continue
 		}
 		if _, known := tools[p.ToolName()]; !known {

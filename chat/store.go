@@ -239,6 +239,25 @@ type storedChunk struct {
 	Seq  int
 	Body string
 	Work int // recovery work units it counts for (not stored with it)
+	// Live marks a transient chunk: sent to clients in order, never
+	// stored (Seq is -1).
+	Live bool
+}
+
+// persisted returns the chunks of batch that are stored.
+func persisted(batch []storedChunk) []storedChunk {
+	for i, sc := range batch {
+		if sc.Live {
+			out := append([]storedChunk(nil), batch[:i]...)
+			for _, sc := range batch[i+1:] {
+				if !sc.Live {
+					out = append(out, sc)
+				}
+			}
+			return out
+		}
+	}
+	return batch
 }
 
 func loadChunks(ctx context.Context, tx store.Tx, iid int64, streamID string) ([]storedChunk, error) {

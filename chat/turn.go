@@ -57,6 +57,8 @@ type turn struct {
 	kept     int  // stored chunks a recovery found (and kept)
 	finished bool // a finish chunk was written
 	errText  string
+
+	usage turnUsage // token accounting (usage.go)
 }
 
 // newTurn returns a turn of row. c.mu held.
@@ -181,6 +183,7 @@ func (t *turn) write(ch message.Chunk) error {
 		return fmt.Errorf("%w: %s", errTurnError, ch.ErrorText)
 	case message.ChunkFinish:
 		t.finished = true
+		ch = t.finishMetadata(ch)
 	}
 	if err := t.builder.Apply(ch); err != nil {
 		return fmt.Errorf("chat: invalid chunk stream: %w", err)
@@ -189,9 +192,26 @@ func (t *turn) write(ch message.Chunk) error {
 	return nil
 }
 
+// writeLive sends a transient chunk to the connected clients, in stream
+// order, without storing it, numbering it or applying it to the message
+// (ToolStream.Transient).
+func (t *turn) writeLive(ch message.Chunk) error {
+	t.writeMu.Lock()
+	defer t.writeMu.Unlock()
+	if err := t.ctx.Err(); err != nil {
+		return context.Cause(t.ctx)
+	}
+	t.sendChunk(ch, true)
+	return nil
+}
+
 // send numbers a chunk and queues it for its commit; the flusher sends it
 // to the clients once it is committed (the output gate).
-func (t *turn) send(ch message.Chunk) {
+func (t *turn) send(ch message.Chunk) { t.sendChunk(ch, false) }
+
+// sendChunk queues a chunk for the flusher; a live chunk goes out in order
+// with the committed ones but is not stored and has no sequence number.
+func (t *turn) sendChunk(ch message.Chunk, live bool) {
 	c := t.c
 	body, err := json.Marshal(ch)
 	if err != nil {
@@ -199,9 +219,12 @@ func (t *turn) send(ch message.Chunk) {
 		return
 	}
 	c.mu.Lock()
-	seq := t.nextSeq
-	t.nextSeq++
-	t.unflushed = append(t.unflushed, storedChunk{Seq: seq, Body: string(body), Work: t.credit(ch.Type)})
+	sc := storedChunk{Seq: -1, Body: string(body), Live: true}
+	if !live {
+		sc = storedChunk{Seq: t.nextSeq, Body: string(body), Work: t.credit(ch.Type)}
+		t.nextSeq++
+	}
+	t.unflushed = append(t.unflushed, sc)
 	full := len(t.unflushed) >= c.cfg.FlushChunks
 	start := !t.flushing
 	t.flushing = true
@@ -294,7 +317,7 @@ func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (g
 	t.lastCommit = time.Now()
 	c.mu.Unlock()
 	err = c.rt.DB().Update(ctx, func(tx store.Tx) error {
-		ok, err := insertChunks(ctx, tx, c.iid, t.row.ID, batch)
+		ok, err := insertChunks(ctx, tx, c.iid, t.row.ID, persisted(batch))
 		if err != nil || !ok {
 			gone = !ok
 			return err
@@ -338,7 +361,11 @@ func (t *turn) publish(batch []storedChunk) {
 		// forget the transcript; nothing of it is sent after that.
 		return
 	}
-	t.chunks = append(t.chunks, batch...)
+	for _, sc := range batch {
+		if !sc.Live {
+			t.chunks = append(t.chunks, sc)
+		}
+	}
 	var targets []*agent.Conn
 	for conn := range c.admitted {
 		if _, waiting := c.pending[conn]; !waiting {
@@ -346,6 +373,13 @@ func (t *turn) publish(batch []storedChunk) {
 		}
 	}
 	for _, sc := range batch {
+		if sc.Live {
+			frame := encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: sc.Body, Continuation: t.row.Continuation})
+			for _, conn := range targets {
+				conn.SendRaw(frame)
+			}
+			continue
+		}
 		seq := sc.Seq
 		frame := encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
 		for _, conn := range targets {
@@ -436,6 +470,7 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 			return c.finishTurn(ctx, t, OutcomeError, "persist turn: "+err.Error())
 		}
 	}
+	t.seedUsage()
 	tt := &Turn{t: t, ID: t.row.ID, MessageID: t.row.MessageID, Messages: transcript, Body: t.row.Body,
 		Recovering: t.recovering, Continuation: t.row.Continuation}
 	var herr error
@@ -468,6 +503,9 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 	if !t.finished {
 		_ = t.write(message.Finish("stop"))
 	}
+	if app := c.appMetadata(t, MetadataFinish); app != nil {
+		_ = t.write(message.MessageMetadata(app))
+	}
 	return c.finishTurn(ctx, t, OutcomeCompleted, "")
 }
 
@@ -492,6 +530,7 @@ func (c *core) startMessage(t *turn, transcript []message.Message) ([]message.Me
 		t.send(message.Start(""))
 	} else {
 		start := message.Start(t.row.MessageID)
+		start.MessageMetadata = c.startMetadata(t)
 		_ = t.builder.Apply(start)
 		t.send(start)
 	}
@@ -686,7 +725,7 @@ func pendingCallsOf(m message.Message) []string {
 	}
 	var ids []string
 	for _, p := range m.Parts[last+1:] {
-		if p.IsTool() && p.State == message.StateInputAvailable {
+		if p.IsTool() && awaitsResult(p) {
 			ids = append(ids, p.ToolCallID)
 		}
 	}
@@ -709,6 +748,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		hasMsg = len(msg.Parts) > 0
 		res.Message = msg
 	}
+	res.Usage, res.TreeUsage = t.usageResult(msg)
 
 	// The transcript is read, changed and stored under acceptMu, like every
 	// other writer of it (accept, AppendMessages, clear), so no concurrent

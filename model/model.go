@@ -23,6 +23,12 @@ type Model interface {
 	Stream(ctx context.Context, req *Request) iter.Seq2[Event, error]
 }
 
+// Namer is implemented by models that know their model id ("gpt-4o-mini");
+// chat turns record it in the assistant message's metadata.
+type Namer interface {
+	ModelName() string
+}
+
 // Request is one completion request.
 type Request struct {
 	// System is the system prompt; empty means none.
@@ -62,6 +68,9 @@ const (
 	ContentReasoning  ContentKind = "reasoning"
 	ContentToolCall   ContentKind = "tool-call"
 	ContentToolResult ContentKind = "tool-result"
+	// ContentFile is a file the user attached: an image or a document
+	// such as a PDF, in a user message.
+	ContentFile ContentKind = "file"
 )
 
 // Content is one piece of a Message.
@@ -79,10 +88,36 @@ type Content struct {
 	Output json.RawMessage
 	// IsError marks a ContentToolResult that reports a failure.
 	IsError bool
+	// MediaType is the IANA media type of a ContentFile, such as
+	// "image/png" or "application/pdf".
+	MediaType string
+	// Data holds the bytes of a ContentFile given inline.
+	Data []byte
+	// URL locates a ContentFile the provider fetches itself (an http or
+	// https URL); it is empty when Data holds the file.
+	URL string
+	// Filename is the file's name, if the user gave one.
+	Filename string
 }
 
 // Text returns a text Content.
 func Text(s string) Content { return Content{Kind: ContentText, Text: s} }
+
+// File returns a ContentFile holding data of mediaType.
+func File(mediaType string, data []byte) Content {
+	return Content{Kind: ContentFile, MediaType: mediaType, Data: data}
+}
+
+// RequestError reports a request that a provider will not send as it is,
+// for a reason the user can fix: a file larger than the provider's limit,
+// or of a type it does not take. Its message is meant for the user (chat
+// turns show it as their error).
+type RequestError struct {
+	// Message says what is wrong and what the limit is.
+	Message string
+}
+
+func (e *RequestError) Error() string { return e.Message }
 
 // ToolSpec describes a tool offered to the model.
 type ToolSpec struct {

@@ -1,7 +1,9 @@
 package message
 
 import (
+	"encoding/base64"
 	"encoding/json"
+	"net/url"
 	"strings"
 
 	"github.com/agentry/agentry/model"
@@ -22,8 +24,11 @@ const (
 //
 //   - The texts of system messages are joined, separated by blank lines,
 //     into system.
-//   - A user message becomes a user message of its text parts. Other parts
-//     (files, data) are skipped for now.
+//   - A user message becomes a user message of its text and file parts. A
+//     file part becomes a model.ContentFile: the bytes of a data: URL
+//     (base64 or percent-encoded), or the URL itself for any other URL (a
+//     provider takes http and https URLs and refuses others with a
+//     *model.RequestError). Data parts are skipped.
 //   - An assistant message is split at its step-start parts. Each step
 //     becomes an assistant message of its reasoning, text and tool calls,
 //     followed by a tool message with the calls' results: Output for an
@@ -33,8 +38,8 @@ const (
 //     ResultMissing, and a denied call by the error ResultDenied. Tool parts
 //     whose input is still streaming are left out: the model never finished
 //     the call.
-//   - Data, source and file parts are skipped, and so are messages left
-//     with no content.
+//   - In assistant messages, data, source and file parts are skipped; a
+//     message left with no content is skipped too.
 func ToModel(msgs []Message) (system string, conv []model.Message) {
 	var sys []string
 	for _, m := range msgs {
@@ -46,8 +51,11 @@ func ToModel(msgs []Message) (system string, conv []model.Message) {
 		case RoleUser:
 			var content []model.Content
 			for _, p := range m.Parts {
-				if p.Type == PartText && p.Text != "" {
+				switch {
+				case p.Type == PartText && p.Text != "":
 					content = append(content, model.Text(p.Text))
+				case p.Type == PartFile:
+					content = append(content, FileContent(p))
 				}
 			}
 			if len(content) > 0 {
@@ -58,6 +66,59 @@ func ToModel(msgs []Message) (system string, conv []model.Message) {
 		}
 	}
 	return strings.Join(sys, "\n\n"), conv
+}
+
+// FileContent returns the model content of a file part: the data of a
+// data: URL, else the URL as it is. The part's media type wins over the
+// data URL's.
+func FileContent(p Part) model.Content {
+	c := model.Content{Kind: model.ContentFile, MediaType: p.MediaType, Filename: p.Filename}
+	mt, data, ok := DecodeDataURL(p.URL)
+	switch {
+	case ok:
+		c.Data = data
+		if c.MediaType == "" {
+			c.MediaType = mt
+		}
+	default:
+		c.URL = p.URL
+	}
+	return c
+}
+
+// DecodeDataURL decodes a data: URL (RFC 2397) into its media type and
+// bytes; ok is false when u is not a well-formed data: URL.
+func DecodeDataURL(u string) (mediaType string, data []byte, ok bool) {
+	rest, found := strings.CutPrefix(u, "data:")
+	if !found {
+		if len(u) < 5 || !strings.EqualFold(u[:5], "data:") {
+			return "", nil, false
+		}
+		rest = u[5:]
+	}
+	meta, payload, found := strings.Cut(rest, ",")
+	if !found {
+		return "", nil, false
+	}
+	meta, b64 := strings.CutSuffix(meta, ";base64")
+	mediaType = strings.SplitN(meta, ";", 2)[0]
+	if mediaType == "" {
+		mediaType = "text/plain"
+	}
+	if b64 {
+		d, err := base64.StdEncoding.DecodeString(payload)
+		if err != nil {
+			if d, err = base64.RawStdEncoding.DecodeString(strings.TrimRight(payload, "=")); err != nil {
+				return "", nil, false
+			}
+		}
+		return mediaType, d, true
+	}
+	s, err := url.PathUnescape(payload)
+	if err != nil {
+		return "", nil, false
+	}
+	return mediaType, []byte(s), true
 }
 
 // joinText concatenates the text parts of a message.

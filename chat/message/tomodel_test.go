@@ -55,7 +55,8 @@ func TestToModelMultiStepToolConversation(t *testing.T) {
 		t.Errorf("system = %q, want %q", system, want)
 	}
 	want := []model.Message{
-		{Role: model.RoleUser, Content: []model.Content{model.Text("weather in Paris?")}},
+		{Role: model.RoleUser, Content: []model.Content{model.Text("weather in Paris?"),
+			{Kind: model.ContentFile, MediaType: "image/png", URL: "https://x/y.png"}}},
 		{Role: model.RoleAssistant, Content: []model.Content{
 			{Kind: model.ContentToolCall, ToolCallID: "call_1", ToolName: "getWeather", Input: raw(`{"city": "Paris"}`)},
 		}},
@@ -81,6 +82,7 @@ func TestToModelMultiStepToolConversation(t *testing.T) {
 			{Kind: model.ContentToolResult, ToolCallID: "c_ask", ToolName: "ask", Output: raw(`"tool result missing"`), IsError: true},
 		}},
 		{Role: model.RoleAssistant, Content: []model.Content{model.Text("Done.")}},
+		{Role: model.RoleUser, Content: []model.Content{{Kind: model.ContentFile, MediaType: "application/pdf", URL: "https://x/z.pdf"}}},
 	}
 	if len(conv) != len(want) {
 		t.Fatalf("got %d messages, want %d:\n%s", len(conv), len(want), mustMarshal(t, conv))
@@ -134,5 +136,28 @@ func TestToModelEmpty(t *testing.T) {
 	system, conv := ToModel(nil)
 	if system != "" || conv != nil {
 		t.Errorf("ToModel(nil) = %q, %v", system, conv)
+	}
+}
+
+// TestToModelFileParts: a file part's data: URL is decoded into the
+// content's bytes (base64 or percent-encoded), the part's media type and
+// file name are kept, and any other URL is passed on as it is.
+func TestToModelFileParts(t *testing.T) {
+	msgs := []Message{decodeMessage(t, `{"id":"u","role":"user","parts":[
+		{"type":"text","text":"see"},
+		{"type":"file","mediaType":"image/png","filename":"dot.png","url":"data:image/png;base64,iVBORw0KGgo="},
+		{"type":"file","mediaType":"text/plain","url":"data:,hello%20world"},
+		{"type":"file","mediaType":"application/pdf","url":"data:application/pdf;base64,JVBERi0"},
+		{"type":"file","mediaType":"image/png","url":"data:image/png;base64,@@not base64@@"}]}`)}
+	_, conv := ToModel(msgs)
+	want := []model.Content{
+		model.Text("see"),
+		{Kind: model.ContentFile, MediaType: "image/png", Filename: "dot.png", Data: []byte("\x89PNG\r\n\x1a\n")},
+		{Kind: model.ContentFile, MediaType: "text/plain", Data: []byte("hello world")},
+		{Kind: model.ContentFile, MediaType: "application/pdf", Data: []byte("%PDF-")},
+		{Kind: model.ContentFile, MediaType: "image/png", URL: "data:image/png;base64,@@not base64@@"},
+	}
+	if len(conv) != 1 || !reflect.DeepEqual(conv[0].Content, want) {
+		t.Fatalf("got %s\nwant %s", mustMarshal(t, conv), mustMarshal(t, want))
 	}
 }

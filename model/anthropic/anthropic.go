@@ -26,6 +26,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/model"
+	"github.com/agentry/agentry/model/internal/files"
 	"github.com/agentry/agentry/model/internal/retry"
 )
 
@@ -59,6 +60,14 @@ type Config struct {
 	// ThinkingBudget, when positive, turns on extended thinking with this
 	// many tokens; the thinking streams as reasoning events.
 	ThinkingBudget int
+	// MaxImageBytes caps one attached image; zero means 5 MiB (the API's
+	// own limit). A larger one fails the request with a
+	// *model.RequestError before anything is sent.
+	MaxImageBytes int
+	// MaxPDFBytes caps one attached PDF; zero means 32 MiB.
+	MaxPDFBytes int
+	// MaxTextBytes caps one attached plain text file; zero means 1 MiB.
+	MaxTextBytes int
 }
 
 // ConfigFromEnv returns a Config read from the environment:
@@ -83,26 +92,17 @@ type Model struct {
 	thinking  int
 	policy    retry.Policy
 	clock     clockwork.Clock
+	files     files.Limits
 }
 
 var _ model.Model = (*Model)(nil)
 
 // New returns a Model for cfg.
 func New(cfg Config) *Model {
-	opts := []option.RequestOption{option.WithMaxRetries(0)}
-	if cfg.BaseURL != "" {
-		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
-	}
-	if cfg.APIKey != "" {
-		opts = append(opts, option.WithAPIKey(cfg.APIKey))
-	}
-	if cfg.HTTPClient != nil {
-		opts = append(opts, option.WithHTTPClient(cfg.HTTPClient))
-	}
-	clock := cfg.Clock
-	if clock == nil {
-		clock = clockwork.NewRealClock()
-	}
+	opts := retry.Options(retry.Client{BaseURL: cfg.BaseURL, APIKey: cfg.APIKey, HTTPClient: cfg.HTTPClient},
+		option.WithMaxRetries(0), option.WithBaseURL, option.WithAPIKey,
+		func(c *http.Client) option.RequestOption { return option.WithHTTPClient(c) })
+	clock := retry.RealClock(cfg.Clock)
 	return &Model{
 		client:    sdk.NewClient(opts...),
 		model:     cmp.Or(cfg.Model, DefaultModel),
@@ -110,8 +110,12 @@ func New(cfg Config) *Model {
 		thinking:  cfg.ThinkingBudget,
 		policy:    retry.Policy{MaxRetries: cfg.MaxRetries, Clock: clock},
 		clock:     clock,
+		files:     files.Limits{MaxImageBytes: cfg.MaxImageBytes, MaxPDFBytes: cfg.MaxPDFBytes, MaxTextBytes: cfg.MaxTextBytes},
 	}
 }
+
+// ModelName returns the model id requests use (model.Namer).
+func (m *Model) ModelName() string { return m.model }
 
 // Stream implements model.Model.
 func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.Event, error] {
@@ -119,36 +123,11 @@ func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.
 	if err != nil {
 		return retry.Failed(fmt.Errorf("anthropic: request: %w", err))
 	}
-	return m.policy.Stream(ctx, "anthropic", m.classify, func(ctx context.Context, emit func(model.Event) bool) (bool, error) {
-		return m.attempt(ctx, params, emit)
-	})
-}
-
-// attempt runs one streaming request, passing events to emit. It reports
-// whether any event was emitted.
-func (m *Model) attempt(ctx context.Context, params sdk.MessageNewParams, emit func(model.Event) bool) (progressed bool, err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream := m.client.Messages.NewStreaming(ctx, params)
-	defer stream.Close()
-
-	send := func(ev model.Event) bool {
-		progressed = true
-		return emit(ev)
-	}
-	st := streamState{tools: map[int64]*toolUse{}}
-	for stream.Next() {
-		if !st.event(stream.Current(), send) {
-			return true, retry.ErrStopped
-		}
-		if st.done {
-			return true, nil
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return progressed, err
-	}
-	return progressed, fmt.Errorf("stream ended before message_stop: %w", io.ErrUnexpectedEOF)
+	return retry.SSE(ctx, m.policy, "anthropic", m.classify,
+		func(ctx context.Context) retry.Events[sdk.MessageStreamEventUnion] {
+			return m.client.Messages.NewStreaming(ctx, params)
+		},
+		func() retry.Decoder[sdk.MessageStreamEventUnion] { return &streamState{tools: map[int64]*toolUse{}} })
 }
 
 // classify tells the retry policy which errors are transient.
@@ -184,7 +163,7 @@ func (m *Model) params(req *model.Request) (sdk.MessageNewParams, error) {
 		p.System = []sdk.TextBlockParam{{Text: req.System}}
 	}
 	for i, msg := range req.Messages {
-		role, blocks, err := blocks(msg)
+		role, blocks, err := m.blocks(msg)
 		if err != nil {
 			return p, fmt.Errorf("message %d: %w", i, err)
 		}
@@ -228,7 +207,7 @@ func (m *Model) params(req *model.Request) (sdk.MessageNewParams, error) {
 // message. Tool results travel in user messages. Reasoning is not sent back:
 // the API accepts earlier thinking only with its signature, which
 // model.Content does not keep.
-func blocks(msg model.Message) (role string, out []sdk.ContentBlockParamUnion, err error) {
+func (m *Model) blocks(msg model.Message) (role string, out []sdk.ContentBlockParamUnion, err error) {
 	switch msg.Role {
 	case model.RoleUser, model.RoleTool:
 		role = "user"
@@ -243,6 +222,15 @@ func blocks(msg model.Message) (role string, out []sdk.ContentBlockParamUnion, e
 			if c.Text != "" {
 				out = append(out, sdk.NewTextBlock(c.Text))
 			}
+		case model.ContentFile:
+			if msg.Role != model.RoleUser {
+				return "", nil, fmt.Errorf("a file in a %s message", msg.Role)
+			}
+			b, err := m.fileBlock(c)
+			if err != nil {
+				return "", nil, err
+			}
+			out = append(out, b)
 		case model.ContentReasoning:
 		case model.ContentToolCall:
 			if role != "assistant" {
@@ -265,6 +253,34 @@ func blocks(msg model.Message) (role string, out []sdk.ContentBlockParamUnion, e
 		}
 	}
 	return role, out, nil
+}
+
+// fileBlock maps an attached file to a content block: an image block, a
+// PDF document block (base64 or URL) or a plain text document block.
+func (m *Model) fileBlock(c model.Content) (sdk.ContentBlockParamUnion, error) {
+	kind, err := files.Check("Anthropic", c, m.files, files.Image, files.PDF, files.Text)
+	if err != nil {
+		return sdk.ContentBlockParamUnion{}, err
+	}
+	var b sdk.ContentBlockParamUnion
+	switch {
+	case kind == files.Image && c.URL != "":
+		b = sdk.NewImageBlock(sdk.URLImageSourceParam{URL: c.URL})
+	case kind == files.Image:
+		b = sdk.NewImageBlockBase64(files.MediaType(c), files.Base64(c))
+	case kind == files.PDF && c.URL != "":
+		b = sdk.NewDocumentBlock(sdk.URLPDFSourceParam{URL: c.URL})
+	case kind == files.PDF:
+		b = sdk.NewDocumentBlock(sdk.Base64PDFSourceParam{Data: files.Base64(c)})
+	case c.URL != "":
+		return b, &model.RequestError{Message: fmt.Sprintf("file %s: Anthropic takes a text file only inline, as a base64 data: URL", files.Name(c))}
+	default:
+		b = sdk.NewDocumentBlock(sdk.PlainTextSourceParam{Data: string(c.Data)})
+	}
+	if c.Filename != "" && b.OfDocument != nil {
+		b.OfDocument.Title = sdk.String(c.Filename)
+	}
+	return b, nil
 }
 
 // toolResult renders a tool result block: a JSON string as its text,
@@ -324,6 +340,18 @@ type streamState struct {
 	stopReason string
 	usage      model.Usage
 	done       bool
+}
+
+// Event implements retry.Decoder; message_stop completes the stream.
+func (st *streamState) Event(ev sdk.MessageStreamEventUnion, send func(model.Event) bool) (ok, done bool) {
+	ok = st.event(ev, send)
+	return ok, st.done
+}
+
+// End implements retry.Decoder: a stream that ends before message_stop
+// was cut.
+func (st *streamState) End(func(model.Event) bool) (bool, error) {
+	return true, fmt.Errorf("stream ended before message_stop: %w", io.ErrUnexpectedEOF)
 }
 
 // event handles one stream event. It returns false if send did.

@@ -25,6 +25,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/agentry/agentry/model"
+	"github.com/agentry/agentry/model/internal/files"
 	"github.com/agentry/agentry/model/internal/retry"
 )
 
@@ -48,7 +49,17 @@ type Config struct {
 	MaxRetries int
 	// Clock measures the backoff between retries; nil means the real clock.
 	Clock clockwork.Clock
+	// MaxImageBytes caps one attached image; zero means
+	// DefaultMaxImageBytes. A larger one fails the request with a
+	// *model.RequestError before anything is sent.
+	MaxImageBytes int
+	// MaxPDFBytes caps one attached PDF; zero means 32 MiB.
+	MaxPDFBytes int
 }
+
+// DefaultMaxImageBytes is the default cap on one attached image (OpenAI
+// refuses images over 20 MB).
+const DefaultMaxImageBytes = 20 << 20
 
 // ConfigFromEnv returns a Config read from the environment: OPENAI_API_KEY,
 // OPENAI_BASE_URL and AGENTRY_MODEL (DefaultModel when unset).
@@ -70,33 +81,28 @@ type Model struct {
 	model  string
 	policy retry.Policy
 	clock  clockwork.Clock
+	files  files.Limits
 }
 
 var _ model.Model = (*Model)(nil)
 
 // New returns a Model for cfg.
 func New(cfg Config) *Model {
-	opts := []option.RequestOption{option.WithMaxRetries(0)}
-	if cfg.BaseURL != "" {
-		opts = append(opts, option.WithBaseURL(cfg.BaseURL))
-	}
-	if cfg.APIKey != "" {
-		opts = append(opts, option.WithAPIKey(cfg.APIKey))
-	}
-	if cfg.HTTPClient != nil {
-		opts = append(opts, option.WithHTTPClient(cfg.HTTPClient))
-	}
-	clock := cfg.Clock
-	if clock == nil {
-		clock = clockwork.NewRealClock()
-	}
+	opts := retry.Options(retry.Client{BaseURL: cfg.BaseURL, APIKey: cfg.APIKey, HTTPClient: cfg.HTTPClient},
+		option.WithMaxRetries(0), option.WithBaseURL, option.WithAPIKey,
+		func(c *http.Client) option.RequestOption { return option.WithHTTPClient(c) })
+	clock := retry.RealClock(cfg.Clock)
 	return &Model{
 		client: sdk.NewClient(opts...),
 		model:  cmp.Or(cfg.Model, DefaultModel),
 		policy: retry.Policy{MaxRetries: cfg.MaxRetries, Clock: clock},
 		clock:  clock,
+		files:  files.Limits{MaxImageBytes: cmp.Or(cfg.MaxImageBytes, DefaultMaxImageBytes), MaxPDFBytes: cfg.MaxPDFBytes},
 	}
 }
+
+// ModelName returns the model id requests use (model.Namer).
+func (m *Model) ModelName() string { return m.model }
 
 // Stream implements model.Model.
 func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.Event, error] {
@@ -104,36 +110,11 @@ func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.
 	if err != nil {
 		return retry.Failed(fmt.Errorf("openai: request: %w", err))
 	}
-	return m.policy.Stream(ctx, "openai", m.classify, func(ctx context.Context, emit func(model.Event) bool) (bool, error) {
-		return m.attempt(ctx, params, emit)
-	})
-}
-
-// attempt runs one streaming request, passing events to emit. It reports
-// whether any event was emitted.
-func (m *Model) attempt(ctx context.Context, params sdk.ChatCompletionNewParams, emit func(model.Event) bool) (progressed bool, err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stream := m.client.Chat.Completions.NewStreaming(ctx, params)
-	defer stream.Close()
-
-	send := func(ev model.Event) bool {
-		progressed = true
-		return emit(ev)
-	}
-	st := streamState{byIndex: map[int64]*toolCall{}}
-	for stream.Next() {
-		if !st.chunk(stream.Current(), send) {
-			return true, retry.ErrStopped
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return progressed, err
-	}
-	if !st.finish(send) {
-		return true, retry.ErrStopped
-	}
-	return true, nil
+	return retry.SSE(ctx, m.policy, "openai", m.classify,
+		func(ctx context.Context) retry.Events[sdk.ChatCompletionChunk] {
+			return m.client.Chat.Completions.NewStreaming(ctx, params)
+		},
+		func() retry.Decoder[sdk.ChatCompletionChunk] { return &streamState{byIndex: map[int64]*toolCall{}} })
 }
 
 // classify tells the retry policy which errors are transient.
@@ -165,7 +146,7 @@ func (m *Model) params(req *model.Request) (sdk.ChatCompletionNewParams, error) 
 		p.Messages = append(p.Messages, sdk.SystemMessage(req.System))
 	}
 	for i, msg := range req.Messages {
-		msgs, err := messages(msg)
+		msgs, err := m.messages(msg)
 		if err != nil {
 			return p, fmt.Errorf("message %d: %w", i, err)
 		}
@@ -192,16 +173,27 @@ func (m *Model) params(req *model.Request) (sdk.ChatCompletionNewParams, error) 
 // results become one tool message each; user text becomes a user message;
 // assistant text and tool calls become one assistant message. Reasoning is
 // not sent back, as the chat completions API has no place for it.
-func messages(msg model.Message) ([]sdk.ChatCompletionMessageParamUnion, error) {
+func (m *Model) messages(msg model.Message) ([]sdk.ChatCompletionMessageParamUnion, error) {
 	var (
 		out   []sdk.ChatCompletionMessageParamUnion
 		texts []string
 		calls []sdk.ChatCompletionMessageToolCallUnionParam
+		parts []sdk.ChatCompletionContentPartUnionParam // of a user message with files
 	)
 	for _, c := range msg.Content {
 		switch c.Kind {
 		case model.ContentText:
 			texts = append(texts, c.Text)
+			parts = append(parts, sdk.TextContentPart(c.Text))
+		case model.ContentFile:
+			if msg.Role != model.RoleUser {
+				return nil, fmt.Errorf("a file in a %s message", msg.Role)
+			}
+			part, err := m.filePart(c, len(parts))
+			if err != nil {
+				return nil, err
+			}
+			parts = append(parts, part)
 		case model.ContentReasoning:
 		case model.ContentToolCall:
 			args := string(c.Input)
@@ -229,7 +221,10 @@ func messages(msg model.Message) ([]sdk.ChatCompletionMessageParamUnion, error) 
 		if len(calls) > 0 {
 			return nil, errors.New("tool calls in a user message")
 		}
-		if len(texts) > 0 {
+		switch {
+		case len(parts) > len(texts):
+			out = append(out, sdk.UserMessage(parts))
+		case len(texts) > 0:
 			out = append(out, sdk.UserMessage(text))
 		}
 	case model.RoleAssistant:
@@ -249,6 +244,35 @@ func messages(msg model.Message) ([]sdk.ChatCompletionMessageParamUnion, error) 
 		return nil, fmt.Errorf("unknown role %q", msg.Role)
 	}
 	return out, nil
+}
+
+// filePart maps an attached file to a content part: an image as an
+// image_url part (its data as a data: URL, or its own URL), a PDF as a file
+// part with its data inline.
+func (m *Model) filePart(c model.Content, index int) (sdk.ChatCompletionContentPartUnionParam, error) {
+	kind, err := files.Check("OpenAI", c, m.files, files.Image, files.PDF)
+	if err != nil {
+		return sdk.ChatCompletionContentPartUnionParam{}, err
+	}
+	if kind == files.Image {
+		u := c.URL
+		if len(c.Data) > 0 {
+			u = "data:" + files.MediaType(c) + ";base64," + files.Base64(c)
+		}
+		return sdk.ImageContentPart(sdk.ChatCompletionContentPartImageImageURLParam{URL: u}), nil
+	}
+	if len(c.Data) == 0 {
+		return sdk.ChatCompletionContentPartUnionParam{}, &model.RequestError{
+			Message: fmt.Sprintf("file %s: OpenAI takes a PDF only inline, as a base64 data: URL", files.Name(c))}
+	}
+	name := c.Filename
+	if name == "" {
+		name = fmt.Sprintf("part-%d.pdf", index)
+	}
+	return sdk.FileContentPart(sdk.ChatCompletionContentPartFileFileParam{
+		FileData: sdk.String("data:application/pdf;base64," + files.Base64(c)),
+		Filename: sdk.String(name),
+	}), nil
 }
 
 // outputText renders a tool result for the model: a JSON string as its
@@ -275,6 +299,17 @@ type streamState struct {
 	flushed      bool
 	finishReason string
 	usage        model.Usage
+}
+
+// Event implements retry.Decoder.
+func (st *streamState) Event(c sdk.ChatCompletionChunk, send func(model.Event) bool) (ok, done bool) {
+	return st.chunk(c, send), false
+}
+
+// End implements retry.Decoder: the stream's end closes the open tool
+// calls and finishes.
+func (st *streamState) End(send func(model.Event) bool) (bool, error) {
+	return st.finish(send), nil
 }
 
 // chunk handles one chunk. It returns false if send did.

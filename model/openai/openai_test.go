@@ -31,45 +31,15 @@ func newModel(srv *replaytest.Server, clock clockwork.Clock) *Model {
 	})
 }
 
-func simpleRequest() *model.Request {
-	return &model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: []model.Content{model.Text("Hi")}}}}
-}
+func simpleRequest() *model.Request { return replaytest.UserRequest("Hi") }
 
-// collect drains a stream.
-func collect(seq func(func(model.Event, error) bool)) ([]model.Event, error) {
-	var evs []model.Event
-	for ev, err := range seq {
-		if err != nil {
-			return evs, err
-		}
-		evs = append(evs, ev)
-	}
-	return evs, nil
-}
+var (
+	collect = replaytest.Collect
+	text    = replaytest.Text
+)
 
-type result struct {
-	events []model.Event
-	err    error
-}
-
-// collectAsync drains a stream on another goroutine.
-func collectAsync(ctx context.Context, m *Model, req *model.Request) <-chan result {
-	done := make(chan result, 1)
-	go func() {
-		evs, err := collect(m.Stream(ctx, req))
-		done <- result{evs, err}
-	}()
-	return done
-}
-
-func text(evs []model.Event) string {
-	var b strings.Builder
-	for _, ev := range evs {
-		if ev.Kind == model.EventTextDelta {
-			b.WriteString(ev.Text)
-		}
-	}
-	return b.String()
+func collectAsync(ctx context.Context, m *Model, req *model.Request) <-chan replaytest.Result {
+	return replaytest.CollectAsync(ctx, m, req)
 }
 
 func TestText(t *testing.T) {
@@ -235,15 +205,15 @@ func TestRateLimitRetriedAfterRetryAfter(t *testing.T) {
 	clock.Advance(3*time.Second - time.Millisecond)
 	select {
 	case r := <-done:
-		t.Fatalf("stream ended before Retry-After elapsed: %v", r.err)
+		t.Fatalf("stream ended before Retry-After elapsed: %v", r.Err)
 	default:
 	}
 	clock.Advance(time.Millisecond)
 	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if got := text(r.events); got != "Hello! How can I help you today?" {
+	if got := text(r.Events); got != "Hello! How can I help you today?" {
 		t.Errorf("text = %q", got)
 	}
 	if n := len(srv.Requests()); n != 2 {
@@ -271,10 +241,10 @@ func TestServerErrorRetriedWithBackoff(t *testing.T) {
 		clock.Advance(d)
 	}
 	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	if got := text(r.events); got != "Hello! How can I help you today?" {
+	if got := text(r.Events); got != "Hello! How can I help you today?" {
 		t.Errorf("text = %q", got)
 	}
 	if n := len(srv.Requests()); n != 3 {
@@ -291,8 +261,8 @@ func TestConnectionErrorRetried(t *testing.T) {
 	}
 	clock.Advance(500 * time.Millisecond)
 	r := <-done
-	if r.err != nil {
-		t.Fatal(r.err)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
 	if n := len(srv.Requests()); n != 2 {
 		t.Errorf("got %d requests, want 2", n)
@@ -313,11 +283,11 @@ func TestRetriesExhausted(t *testing.T) {
 	clock.Advance(500 * time.Millisecond)
 	r := <-done
 	var aerr *sdk.Error
-	if !errors.As(r.err, &aerr) || aerr.StatusCode != http.StatusInternalServerError {
-		t.Fatalf("err = %v, want a 500 API error", r.err)
+	if !errors.As(r.Err, &aerr) || aerr.StatusCode != http.StatusInternalServerError {
+		t.Fatalf("err = %v, want a 500 API error", r.Err)
 	}
-	if !strings.HasPrefix(r.err.Error(), "openai: stream: ") {
-		t.Errorf("err = %q, want it prefixed with context", r.err)
+	if !strings.HasPrefix(r.Err.Error(), "openai: stream: ") {
+		t.Errorf("err = %q, want it prefixed with context", r.Err)
 	}
 	if n := len(srv.Requests()); n != 2 {
 		t.Errorf("got %d requests, want 2", n)
@@ -382,8 +352,8 @@ func TestCanceledDuringBackoff(t *testing.T) {
 	}
 	cancel()
 	r := <-done
-	if !errors.Is(r.err, context.Canceled) {
-		t.Errorf("err = %v, want context.Canceled", r.err)
+	if !errors.Is(r.Err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", r.Err)
 	}
 }
 

@@ -178,6 +178,9 @@ func (m *Model) Calls() []Call {
 	return append([]Call(nil), m.calls...)
 }
 
+// ModelName returns "scripted" (model.Namer).
+func (m *Model) ModelName() string { return "scripted" }
+
 // Stream implements model.Model. It picks the reply when the loop starts,
 // then streams it: each text or reasoning step as chunks, each tool call as
 // a start, its input in chunks and the whole call, and finally a finish
@@ -185,6 +188,7 @@ func (m *Model) Calls() []Call {
 // otherwise. An error step ends the stream with that error. Between two
 // events the model waits the configured delay, and it stops with ctx's error
 // as soon as ctx ends.
+
 func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.Event, error] {
 	return func(yield func(model.Event, error) bool) {
 		name, reply := m.pick(req)

@@ -1,16 +1,22 @@
 // Package replaytest is an HTTP server for provider tests: it answers each
 // request with the next scripted response (typically a recorded SSE stream
 // from testdata) and keeps the requests it received so tests can assert what
-// the provider sent.
+// the provider sent. It also has the helpers the provider tests share to
+// drain and read model streams.
 package replaytest
 
 import (
+	"context"
 	"io"
+	"iter"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"sync"
 	"testing"
+
+	"github.com/agentry/agentry/model"
 )
 
 // Response is one scripted answer.
@@ -115,4 +121,49 @@ func read(t testing.TB, path string) string {
 		t.Fatalf("replaytest: %v", err)
 	}
 	return string(b)
+}
+
+// Collect drains a model stream: the events up to the first error, and
+// that error.
+func Collect(seq iter.Seq2[model.Event, error]) ([]model.Event, error) {
+	var evs []model.Event
+	for ev, err := range seq {
+		if err != nil {
+			return evs, err
+		}
+		evs = append(evs, ev)
+	}
+	return evs, nil
+}
+
+// Result is what CollectAsync delivers.
+type Result struct {
+	Events []model.Event
+	Err    error
+}
+
+// CollectAsync drains m's stream for req on another goroutine.
+func CollectAsync(ctx context.Context, m model.Model, req *model.Request) <-chan Result {
+	done := make(chan Result, 1)
+	go func() {
+		evs, err := Collect(m.Stream(ctx, req))
+		done <- Result{evs, err}
+	}()
+	return done
+}
+
+// Text concatenates the text deltas of evs.
+func Text(evs []model.Event) string {
+	var b strings.Builder
+	for _, ev := range evs {
+		if ev.Kind == model.EventTextDelta {
+			b.WriteString(ev.Text)
+		}
+	}
+	return b.String()
+}
+
+// UserRequest is a request of one user message with text.
+func UserRequest(text string) *model.Request {
+	return &model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: []model.Content{model.Text(text)}}}}
 }

@@ -1,7 +1,10 @@
-// Package retry holds the retry policy that the model providers share: which
-// provider failures are transient, how long to wait before the next attempt
-// (exponential backoff, or the server's Retry-After within a cap), and a loop
-// that waits on an injectable clock so tests never sleep for real.
+// Package retry holds what the model providers share: the retry policy
+// (which provider failures are transient, how long to wait before the next
+// attempt — exponential backoff, or the server's Retry-After within a cap —
+// and a loop that waits on an injectable clock so tests never sleep for
+// real), the streaming driver that runs an SDK's server-sent event stream
+// through a provider's decoder under that policy (SSE), and the SDK client
+// options both providers build (Options).
 package retry
 
 import (
