@@ -226,6 +226,6 @@ func (rt *Runtime) Destroy(ctx context.Context, path Path) error {
 		return fmt.Errorf("agent: destroy %s: %w", key, err)
 	}
 	rt.sched.poke()
-	rt.diag.Publish(diag.ChannelAgent, "destroy", key, nil)
+	rt.diag.Publish(ctx, diag.ChannelAgent, "destroy", key, nil)
 	return nil
 }

@@ -436,7 +436,7 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 			if lru == nil {
 				n := len(rt.instances)
 				rt.mu.Unlock()
-				rt.diag.Publish(diag.ChannelAgent, "refuse", key, map[string]any{"resident": n})
+				rt.diag.Publish(ctx, diag.ChannelAgent, "refuse", key, map[string]any{"resident": n})
 				return nil, fmt.Errorf("%w: %d resident and none idle (Options.MaxInstances); %s not hydrated", ErrTooManyInstances, n, key)
 			}
 			rt.forgetLocked(lru)
@@ -448,7 +448,7 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 	in.pinLocked()
 	rt.mu.Unlock()
 	for _, e := range evicted {
-		rt.diag.Publish(diag.ChannelAgent, "evict", e.key, map[string]any{"reason": "max_instances"})
+		rt.diag.Publish(ctx, diag.ChannelAgent, "evict", e.key, map[string]any{"reason": "max_instances"})
 	}
 	if !ok {
 		in.hydrate()
@@ -497,7 +497,7 @@ func (rt *Runtime) EvictIdle() int {
 	}
 	rt.mu.Unlock()
 	for _, in := range evicted {
-		rt.diag.Publish(diag.ChannelAgent, "evict", in.key, nil)
+		rt.diag.Publish(rt.ctx, diag.ChannelAgent, "evict", in.key, nil)
 	}
 	return len(evicted)
 }
@@ -516,7 +516,7 @@ func (rt *Runtime) Evict(path Path) bool {
 	}
 	rt.mu.Unlock()
 	if ok {
-		rt.diag.Publish(diag.ChannelAgent, "evict", key, nil)
+		rt.diag.Publish(rt.ctx, diag.ChannelAgent, "evict", key, nil)
 	}
 	return ok
 }

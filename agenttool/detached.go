@@ -224,7 +224,7 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 		return nil
 	})
 	if cbErr != nil {
-		h.publish("detached:delivery_failed", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status),
+		h.publish(ctx, "detached:delivery_failed", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status),
 			"callback": callback, "error": cbErr.Error()})
 		return fmt.Errorf("agenttool: deliver %s of %s: %w", s, row.RunID, cbErr)
 	}
@@ -234,7 +234,7 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 		return err
 	})
 	if err == nil {
-		h.publish("detached:delivered", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status)})
+		h.publish(ctx, "detached:delivered", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status)})
 	}
 	return err
 }
@@ -425,7 +425,7 @@ func (h *host) markFinishDelivered(ctx context.Context, runID string) error {
 		return err
 	})
 	if err == nil {
-		h.publish("detached:delivered", map[string]any{"runId": runID, "kind": string(slotFinish), "status": string(StatusAborted), "suppressed": true})
+		h.publish(ctx, "detached:delivered", map[string]any{"runId": runID, "kind": string(slotFinish), "status": string(StatusAborted), "suppressed": true})
 	}
 	return err
 }

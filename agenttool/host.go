@@ -166,8 +166,8 @@ func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
 	}
 }
 
-func (h *host) publish(typ string, attrs map[string]any) {
-	h.rt.Diag().Publish(diag.ChannelAgentTool, typ, h.b.Path().String(), attrs)
+func (h *host) publish(ctx context.Context, typ string, attrs map[string]any) {
+	h.rt.Diag().Publish(ctx, diag.ChannelAgentTool, typ, h.b.Path().String(), attrs)
 }
 
 // LayerGate enforces the default drill-in rule: a child created by an agent

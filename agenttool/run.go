@@ -187,7 +187,7 @@ func (h *host) announce(ctx context.Context, parent agent.Agent, run Run) {
 			return nil
 		})
 	}
-	h.publish("start", map[string]any{"runId": run.RunID, "agentType": run.AgentType, "parentToolCallId": run.ParentToolCallID})
+	h.publish(ctx, "start", map[string]any{"runId": run.RunID, "agentType": run.AgentType, "parentToolCallId": run.ParentToolCallID})
 	order := run.DisplayOrder
 	h.broadcast(run.ParentToolCallID, 0, Event{Kind: "started", RunID: run.RunID, AgentType: run.AgentType,
 		InputPreview: run.InputPreview, Order: &order, Display: run.Display})
@@ -352,7 +352,7 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	} else {
 		cr = ch.track(row.RunID, insp.RequestID, insp.Status != childRunning)
 	}
-	h.publish("recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
+	h.publish(ctx, "recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
 	return h.await(ctx, row, child, cr, h.reattachLimits())
 }
 
@@ -529,7 +529,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		// The parent stops waiting; the run stays repairable.
 		res = Result{Status: StatusInterrupted, Error: interruptedMessage(gaveUp), Reason: gaveUp,
 			ChildStillRunning: ptr(gaveUp == ReasonNoProgress)}
-		h.publish("recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
+		h.publish(ctx, "recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
 	}
 	// Chunks committed after the follower stopped (a give-up, a cancel)
 	// are forwarded before the end, which is numbered after them: a client
@@ -662,7 +662,7 @@ func (h *host) finished(ctx context.Context, row runRow, res Result, won bool, m
 	run := row.Run
 	run.Status, run.Summary, run.Output, run.Error = res.Status, res.Summary, res.Output, res.Error
 	run.Reason, run.ChildStillRunning = res.Reason, res.ChildStillRunning
-	h.publish("finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
+	h.publish(ctx, "finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
 	switch {
 	case !row.det.Detached:
 		if o, ok := h.a.(FinishObserver); ok {

@@ -120,7 +120,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 	// The worker starts in LayerStarted, once every layer of the agent is
 	// ready: a recovered turn may run tools that use them.
 	c.mu.Unlock()
-	rt.Diag().Publish(diag.ChannelChat, "recover", b.Path().String(), map[string]any{"turns": len(unfinished)})
+	rt.Diag().Publish(ctx, diag.ChannelChat, "recover", b.Path().String(), map[string]any{"turns": len(unfinished)})
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 
+	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/model"
 )
 
@@ -125,7 +126,7 @@ func (t Tool) Execute(ctx context.Context, input json.RawMessage) (out any, err 
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("tool %s panicked: %v", t.Name, p)
-			slog.Default().ErrorContext(ctx, "chat: tool panicked", "tool", t.Name, "panic", p, "stack", string(debug.Stack()))
+			loggerOf(ctx).ErrorContext(ctx, "chat: tool panicked", "tool", t.Name, "panic", p, "stack", string(debug.Stack()))
 		}
 	}()
 	return t.exec(ctx, input)
@@ -150,4 +151,14 @@ func ToolCallFromContext(ctx context.Context) (ToolCall, bool) {
 // WithToolCall returns a context carrying tc.
 func WithToolCall(ctx context.Context, tc ToolCall) context.Context {
 	return context.WithValue(ctx, toolCallKey{}, tc)
+}
+
+// loggerOf returns the logger of the agent whose code runs in ctx, or a
+// logger that discards (a tool executed outside any agent has no runtime
+// to log through; its panic is still returned as an error).
+func loggerOf(ctx context.Context) *slog.Logger {
+	if a, ok := agent.FromContext(ctx); ok {
+		return agent.BaseOf(a).Logger()
+	}
+	return slog.New(slog.DiscardHandler)
 }

@@ -397,7 +397,7 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 			c.log.Error("chat: prepare recovery", "stream", t.row.ID, "err", err)
 			return c.finishTurn(ctx, t, OutcomeError, "recovery failed: "+c.turnError(t, err))
 		}
-		c.rt.Diag().Publish(diag.ChannelChat, "recover-turn", c.b.Path().String(),
+		c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "recover-turn", c.b.Path().String(),
 			map[string]any{"stream": t.row.ID, "policy": policy, "keptChunks": t.kept, "collected": collect})
 		if collect {
 			// Its stream had ended before the crash: finished work is
@@ -850,7 +850,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	}
 	c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Done: true, Outcome: outcome,
 		MessageIDs: t.row.MessageIDs, Continuation: t.row.Continuation}), replaying...)
-	c.rt.Diag().Publish(diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
+	c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
 	return res
 }
 
