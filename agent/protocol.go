@@ -11,6 +11,9 @@ import (
 	"strconv"
 	"sync"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentry/agentry/diag"
 )
 
@@ -90,6 +93,7 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 			lc.LayerConnect(cctx, c)
 		}
 	}
+	rt.tel.connections.Add(ctx, 1, metric.WithAttributes(AttrClass.String(in.class.Name)))
 	rt.diag.Publish(ctx, diag.ChannelAgent, "connect", in.key, map[string]any{"connection": id})
 	if h, ok := in.agent.(Connector); ok {
 		err := Enter(cctx, in.agent, func(ctx context.Context) error { return h.OnConnect(ctx, c) })
@@ -131,6 +135,7 @@ func (c *Conn) Disconnect(code int, reason string) {
 			in.rt.log.Warn("OnClose skipped", "agent", in.key, "err", err)
 		}
 	}
+	in.rt.tel.connections.Add(in.rt.ctx, -1, metric.WithAttributes(AttrClass.String(in.class.Name)))
 	in.rt.diag.Publish(in.rt.ctx, diag.ChannelAgent, "close", in.key, map[string]any{"connection": c.id, "code": code})
 	in.release()
 }
@@ -351,8 +356,18 @@ func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 		ctx, tcancel = context.WithTimeout(ctx, rt.rpcTTL)
 		defer tcancel()
 	}
+	ctx, span := rt.tel.tracer.Start(ctx, "rpc "+req.Method, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(AttrAgent.String(in.key), AttrClass.String(in.class.Name), AttrMethod.String(req.Method)))
 	result, err := m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), stream, req.Args)
-	attrs := map[string]any{"method": req.Method, "streaming": m.streaming, "duration": rt.clock.Since(start)}
+	elapsed := rt.clock.Since(start)
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	rt.tel.rpcDuration.Record(ctx, seconds(elapsed), metric.WithAttributes(AttrClass.String(in.class.Name),
+		AttrMethod.String(req.Method), AttrResult.String(outcome)))
+	defer func() { EndSpan(span, err) }()
+	attrs := map[string]any{"method": req.Method, "streaming": m.streaming, "duration": elapsed}
 	c.calls.Add(-1)
 	if err != nil {
 		attrs["error"] = err.Error()

@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentry/agentry/diag"
 	"github.com/agentry/agentry/store"
@@ -58,6 +60,16 @@ type Options struct {
 	// resident instance is in use, the hydration fails with
 	// ErrTooManyInstances. Zero means 10,000.
 	MaxInstances int
+	// TracerProvider makes the runtime's spans: client RPC calls, and its
+	// layers' (chat turns, model and tool calls, agent-tool runs). Nil
+	// means the global provider (otel.GetTracerProvider), which records
+	// nothing unless the program installs an OpenTelemetry SDK.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the runtime's metrics (RPC durations,
+	// connections, resident instances, and the layers' runs, turns,
+	// tokens and queue depths). Nil means the global provider
+	// (otel.GetMeterProvider).
+	MeterProvider metric.MeterProvider
 }
 
 // The defaults of Options.
@@ -96,6 +108,7 @@ type Runtime struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background goroutines
 	sched  *scheduler
+	tel    *telemetry
 }
 
 // New returns a Runtime. It applies the runtime's schema to opts.DB.
@@ -138,6 +151,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		ctx:         rctx, cancel: cancel,
 	}
 	rt.sched = newScheduler(rt)
+	rt.tel = newTelemetry(rt, opts.TracerProvider, opts.MeterProvider)
 	done := &migration{}
 	done.once.Do(func() {})
 	rt.migrated.Store("agent", done)
@@ -253,6 +267,7 @@ func (rt *Runtime) Close() error {
 		in.closeConns(1001, "server shutting down")
 	}
 	rt.wg.Wait()
+	rt.tel.close()
 	return nil
 }
 

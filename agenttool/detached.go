@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/store"
 )
@@ -208,6 +210,12 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 	if err != nil || !won {
 		return err
 	}
+	// The delivery joins the run's trace, also when it comes after a
+	// restart.
+	ctx, span := h.rt.Tracer().Start(runSpanContext(ctx, row), "agent_tool.deliver",
+		trace.WithAttributes(agent.AttrAgent.String(h.b.Path().String()), attrRunID.String(row.RunID),
+			attrType.String(row.AgentType), attrStatus.String(string(res.Status))))
+	defer func() { agent.EndSpan(span, err) }()
 	// The delivery is one input of the parent.
 	callback := row.det.OnFinish
 	cbErr := agent.Enter(ctx, h.a, func(actx context.Context) error {
@@ -226,7 +234,8 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 	if cbErr != nil {
 		h.publish(ctx, "detached:delivery_failed", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status),
 			"callback": callback, "error": cbErr.Error()})
-		return fmt.Errorf("agenttool: deliver %s of %s: %w", s, row.RunID, cbErr)
+		err = fmt.Errorf("agenttool: deliver %s of %s: %w", s, row.RunID, cbErr)
+		return err
 	}
 	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET `+string(s)+`_delivered_at = ? WHERE instance_id = ? AND run_id = ?`,

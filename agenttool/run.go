@@ -41,7 +41,10 @@ func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts Ru
 	if err != nil {
 		return Result{}, err
 	}
+	ctx, span := h.startRunSpan(ctx, class, opts)
 	res, err := h.run(ctx, parent, class, opts)
+	span.SetAttributes(attrRunID.String(res.RunID), attrStatus.String(string(res.Status)))
+	agent.EndSpan(span, err)
 	if err != nil && h.rt.Context().Err() != nil {
 		// The runtime closed under the dispatch: whatever failed because
 		// of it, the run is recovered with the process.
@@ -142,7 +145,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	h.announce(ctx, parent, run)
 
-	row := runRow{Run: run, det: det}
+	row := runRow{Run: run, det: det, traceParent: agent.TraceParent(ctx)}
 	if det.Detached {
 		// The run must not inherit the turn's cancellation.
 		ctx = agent.WithAgent(context.WithoutCancel(ctx), parent)
@@ -187,6 +190,7 @@ func (h *host) announce(ctx context.Context, parent agent.Agent, run Run) {
 			return nil
 		})
 	}
+	h.countStarted(ctx, run)
 	h.publish(ctx, "start", map[string]any{"runId": run.RunID, "agentType": run.AgentType, "parentToolCallId": run.ParentToolCallID})
 	order := run.DisplayOrder
 	h.broadcast(run.ParentToolCallID, 0, Event{Kind: "started", RunID: run.RunID, AgentType: run.AgentType,
@@ -251,7 +255,7 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 		return Result{}, nil, false
 	}
 	h.announce(ctx, parent, run)
-	res, err = h.await(awaitCtx, runRow{Run: running, det: det}, child, cr, reattachLimits{})
+	res, err = h.await(awaitCtx, runRow{Run: running, det: det, traceParent: agent.TraceParent(ctx)}, child, cr, reattachLimits{})
 	return res, err, true
 }
 
@@ -662,6 +666,7 @@ func (h *host) finished(ctx context.Context, row runRow, res Result, won bool, m
 	run := row.Run
 	run.Status, run.Summary, run.Output, run.Error = res.Status, res.Summary, res.Output, res.Error
 	run.Reason, run.ChildStillRunning = res.Reason, res.ChildStillRunning
+	h.countFinished(ctx, row, res)
 	h.publish(ctx, "finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
 	switch {
 	case !row.det.Detached:

@@ -78,4 +78,10 @@ var migrations = []store.Migration{{
 			delivered_at BIGINT NOT NULL,
 			PRIMARY KEY (instance_id, run_id, name))`,
 	},
+}, {
+	// trace_parent is the W3C traceparent of the run's span: work on the
+	// run after a restart (re-attach, delivery of a detached run's end)
+	// joins the trace of the turn that dispatched it.
+	Version:    3,
+	Statements: []string{`ALTER TABLE agent_tool_runs ADD COLUMN trace_parent TEXT`},
 }}

@@ -364,7 +364,7 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 		userIDs = trailingUserIDs(msgs[len(msgs)-len(req.append):])
 	}
 	row := streamRow{ID: req.id, MessageID: newID(), Status: statusQueued, Continuation: req.continuation,
-		Body: req.body, MessageIDs: userIDs, Retain: req.retain}
+		Body: req.body, MessageIDs: userIDs, Retain: req.retain, TraceParent: agent.TraceParent(ctx)}
 	if req.continuation {
 		if last := lastAssistant(msgs); last != nil {
 			row.MessageID = last.ID
@@ -518,6 +518,7 @@ func (c *core) work(ctx context.Context) {
 		}
 		t := c.queue[0]
 		c.queue = c.queue[1:]
+		c.dequeued(1)
 		c.active, c.current = t, t
 		c.mu.Unlock()
 

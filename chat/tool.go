@@ -123,11 +123,13 @@ func (t Tool) Execute(ctx context.Context, input json.RawMessage) (out any, err 
 	if err := t.Validate(input); err != nil {
 		return nil, err
 	}
+	ctx, end := startToolSpan(ctx, t.Name)
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("tool %s panicked: %v", t.Name, p)
 			loggerOf(ctx).ErrorContext(ctx, "chat: tool panicked", "tool", t.Name, "panic", p, "stack", string(debug.Stack()))
 		}
+		end(err)
 	}()
 	return t.exec(ctx, input)
 }

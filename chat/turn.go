@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
@@ -25,6 +27,8 @@ type turn struct {
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
 	end        *EndHook // the submitter's writes at the end, if any
+	span       trace.Span // the turn's span, from acceptance to end
+	began      time.Time  // when it was accepted (runtime clock)
 
 	// Guarded by c.mu: the stream as clients see it. chunks are the
 	// committed chunks (the output gate: only those reach clients);
@@ -62,7 +66,7 @@ type turn struct {
 func (c *core) newTurn(row streamRow, origin *agent.Conn) *turn {
 	ctx, cancel := context.WithCancelCause(agent.WithAgent(c.rt.Context(), c.self))
 	t := &turn{c: c, row: row, origin: origin, cancel: cancel, nextSeq: row.NextSeq, kick: make(chan struct{}, 1), gen: c.gen}
-	t.ctx = context.WithValue(ctx, turnKey{}, t)
+	t.ctx = context.WithValue(c.startTurnSpan(ctx, t), turnKey{}, t)
 	return t
 }
 
@@ -100,6 +104,7 @@ func (c *core) cancel(id string, cause error) bool {
 	for i, t := range c.queue {
 		if t.row.ID == id {
 			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
+			c.dequeued(1)
 			// Still waitable until its end is recorded.
 			c.ending[id] = true
 			c.mu.Unlock()
@@ -692,6 +697,7 @@ func pendingCallsOf(m message.Message) []string {
 // the clients rely on: last chunk, persisted message, transcript to the
 // other connections, then the terminal frame.
 func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string) TurnResult {
+	defer c.endTurnSpan(t, outcome, errText)
 	res := TurnResult{ID: t.row.ID, Outcome: outcome, Error: errText}
 	if t.sealed != nil {
 		res.Exhausted = t.sealed.Reason
