@@ -26,7 +26,7 @@ type turn struct {
 	recovering bool
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
-	end        *EndHook // the submitter's writes at the end, if any
+	end        *EndHook   // the submitter's writes at the end, if any
 	span       trace.Span // the turn's span, from acceptance to end
 	began      time.Time  // when it was accepted (runtime clock)
 
