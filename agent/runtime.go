@@ -103,6 +103,9 @@ type Runtime struct {
 	values     sync.Map // layer configuration, see SetValue
 	migrated   sync.Map // component → *migration, see Migrate
 	extensions []Extension
+	hooks      []Hook                        // declared by layers (DeclareHooks)
+	checks     []func(context.Context) error // start-time checks (AddCheck)
+	started    bool                          // Start was called (guarded by mu)
 
 	ctx    context.Context // canceled by Close
 	cancel context.CancelFunc
@@ -158,11 +161,20 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	return rt, nil
 }
 
-// Register adds an agent class. Register all classes before Start.
+// Register adds an agent class. Register all classes before Start. A
+// class is refused when it cannot work as declared: a callable that is not
+// a method, a method named as a hook but with another signature (see
+// Hook), a New that does not return the type of the class's handle.
 func (rt *Runtime) Register(c Class) error {
 	ci, err := newClassInfo(c)
 	if err != nil {
 		return err
+	}
+	if err := checkHooks(ci, rt.allHooks()); err != nil {
+		return err
+	}
+	if rt.Started() {
+		return fmt.Errorf("agent: register %s: %w", c.Name, ErrStarted)
 	}
 	if _, dup := rt.classes[c.Name]; dup {
 		return fmt.Errorf("agent: class %s registered twice", c.Name)
@@ -226,7 +238,21 @@ func (rt *Runtime) Route(class string) string {
 // Start begins background work: instances with a KeepAwake reason are
 // hydrated (their layers resume unfinished work), schedules that came due while the process
 // was down fire now, then each as it comes due; idle instances are evicted.
+//
+// Start first checks the set-up (every class against every hook the
+// layers declared, and the layers' own checks, such as agent tools naming
+// unknown classes) and returns those errors without starting anything.
 func (rt *Runtime) Start(ctx context.Context) error {
+	rt.mu.Lock()
+	started := rt.started
+	rt.started = true
+	rt.mu.Unlock()
+	if started {
+		return errors.New("agent: Start called twice")
+	}
+	if err := rt.check(ctx); err != nil {
+		return err
+	}
 	if err := rt.wakeAll(ctx); err != nil {
 		return err
 	}

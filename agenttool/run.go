@@ -36,7 +36,8 @@ type liveRun struct {
 // The error is non-nil only when the run could not be dispatched: an
 // unknown class, a concurrency cap reached (*CapError; the run id is not
 // consumed), a child that is not a chat agent, or a storage failure.
-func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts RunOptions) (Result, error) {
+func RunAgentTool[C agent.ClassName](ctx context.Context, parent agent.Agent, c C, opts RunOptions) (Result, error) {
+	class := string(c)
 	h, err := hostOf(parent)
 	if err != nil {
 		return Result{}, err

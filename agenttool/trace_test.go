@@ -57,7 +57,7 @@ func (a *traceAssistant) Tools() []chat.Tool {
 		agenttool.AgentTool[researchInput]("TraceResearcher", agenttool.ToolOptions{Description: "Research a topic."}),
 		chat.NewTool("background", "Start background work.", func(ctx context.Context, _ struct{}) (string, error) {
 			res, err := agenttool.RunAgentTool(ctx, a, "TraceBackground", agenttool.RunOptions{Input: "in the background",
-				RunID: "bg-1", Detached: &agenttool.DetachedOptions{OnFinish: "OnBgDone"}})
+				RunID: "bg-1", Detached: &agenttool.DetachedOptions{OnFinish: agent.Method(a.OnBgDone)}})
 			return string(res.Status), err
 		}),
 	}

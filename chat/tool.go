@@ -27,6 +27,16 @@ type Tool struct {
 	schema   *jsonschema.Schema
 	resolved *jsonschema.Resolved
 	exec     func(ctx context.Context, input json.RawMessage) (any, error)
+	checks   []func(rt *agent.Runtime) error
+}
+
+// WithCheck returns a copy of the tool with a set-up check: the runtime's
+// Start runs it (for the tools a chat class's sample instance returns
+// from Tools) and fails on its error. An agent tool checks there that its
+// child class is registered.
+func (t Tool) WithCheck(check func(rt *agent.Runtime) error) Tool {
+	t.checks = append(append([]func(*agent.Runtime) error(nil), t.checks...), check)
+	return t
 }
 
 // Validator is implemented by tool input types with checks beyond their
