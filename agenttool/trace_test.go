@@ -111,7 +111,7 @@ func (b *traceBackground) OnChatMessage(ctx context.Context, t *chat.Turn) error
 
 func traceStart(t *testing.T, k *traceKit, dir string, tp *sdktrace.TracerProvider) *testenv.Env {
 	t.Helper()
-	return testenv.Start(t, testenv.Options{
+	return startEnv(t, testenv.Options{
 		Dir:            dir,
 		Clock:          k.clock,
 		TracerProvider: tp,
@@ -121,17 +121,13 @@ func traceStart(t *testing.T, k *traceKit, dir string, tp *sdktrace.TracerProvid
 			{Name: "TraceHelper", New: func() agent.Agent { return &traceHelper{k: k} }},
 			{Name: "TraceBackground", New: func() agent.Agent { return &traceBackground{k: k} }},
 		},
-		Setup: func(rt *agent.Runtime) error {
-			chat.Configure(rt, chat.Config{})
-			agenttool.Install(rt, agenttool.Options{})
-			unsubscribe := rt.Diag().Subscribe(diag.ChannelChat, func(e diag.Event) {
-				if e.Type == "turn" && strings.Contains(e.Agent, "TraceBackground") {
-					k.bgEnded <- struct{}{}
-				}
-			})
-			t.Cleanup(unsubscribe)
-			return nil
-		},
+	}, chat.Config{}, agenttool.Options{}, func(rt *agent.Runtime) {
+		unsubscribe := rt.Diag().Subscribe(diag.ChannelChat, func(e diag.Event) {
+			if e.Type == "turn" && strings.Contains(e.Agent, "TraceBackground") {
+				k.bgEnded <- struct{}{}
+			}
+		})
+		t.Cleanup(unsubscribe)
 	})
 }
 
