@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -64,7 +63,10 @@ func TestMarkdownGoCompiles(t *testing.T) {
 		write(t, filepath.Join(dir, pkg, "snippet.go"), b.Source("snippet"))
 		where[pkg] = b
 	}
-	goCmd := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command: %v", err)
+	}
 	cmd := exec.Command(goCmd, "build", "-mod=mod", "./...")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-buildvcs=false")
