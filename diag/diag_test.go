@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/diag"
@@ -143,5 +145,42 @@ func TestDefaultClock(t *testing.T) {
 	h.Publish(context.Background(), "c", "t", "", nil)
 	if got.Before(before) || time.Since(got) > time.Minute {
 		t.Fatalf("event time %v, want about %v", got, before)
+	}
+}
+
+// TestPublishJoinsTheSpan: an event published with a context that carries
+// a recording span becomes an event of that span, and subscribers get the
+// span's context.
+func TestPublishJoinsTheSpan(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	h := diag.New(slog.New(slog.DiscardHandler), func() time.Time { return stamp })
+	var got diag.Event
+	defer h.Subscribe(diag.ChannelAgent, func(e diag.Event) { got = e })()
+	ctx, span := tp.Tracer("test").Start(context.Background(), "work")
+	h.Publish(ctx, diag.ChannelAgent, "start", "Counter/a", map[string]any{"class": "Counter", "n": 3})
+	span.End()
+	if !got.Span.Equal(span.SpanContext()) {
+		t.Fatalf("event span %v, want %v", got.Span, span.SpanContext())
+	}
+	ended := rec.Ended()
+	if len(ended) != 1 || len(ended[0].Events()) != 1 {
+		t.Fatalf("spans %v", ended)
+	}
+	ev := ended[0].Events()[0]
+	want := map[string]string{"agentry.agent": "Counter/a", "class": "Counter", "n": "3"}
+	if ev.Name != "agent.start" || len(ev.Attributes) != len(want) {
+		t.Fatalf("span event %s %v", ev.Name, ev.Attributes)
+	}
+	for _, kv := range ev.Attributes {
+		if want[string(kv.Key)] != kv.Value.Emit() {
+			t.Errorf("attribute %s = %s, want %s", kv.Key, kv.Value.Emit(), want[string(kv.Key)])
+		}
+	}
+	// Without a span nothing changes.
+	h.Publish(context.Background(), diag.ChannelAgent, "evict", "Counter/a", nil)
+	if got.Span.IsValid() {
+		t.Errorf("an event published without a span has span %v", got.Span)
 	}
 }
