@@ -10,6 +10,8 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -109,12 +111,13 @@ func (b *traceBackground) OnChatMessage(ctx context.Context, t *chat.Turn) error
 	return t.RunLoop(ctx, chat.LoopOptions{Model: scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("Background done.")})))})
 }
 
-func traceStart(t *testing.T, k *traceKit, dir string, tp *sdktrace.TracerProvider) *testenv.Env {
+func traceStart(t *testing.T, k *traceKit, dir string, tp *sdktrace.TracerProvider, mp *sdkmetric.MeterProvider) *testenv.Env {
 	t.Helper()
 	return startEnv(t, testenv.Options{
 		Dir:            dir,
 		Clock:          k.clock,
 		TracerProvider: tp,
+		MeterProvider:  mp,
 		Classes: []agent.Class{
 			{Name: "TraceAssistant", New: func() agent.Agent { return &traceAssistant{k: k} }, Public: true},
 			{Name: "TraceResearcher", New: func() agent.Agent { return &traceResearcher{k: k} }},
@@ -139,11 +142,14 @@ func TestOneTraceAcrossTheTree(t *testing.T) {
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	k := &traceKit{bgStarted: make(chan struct{}), bgDone: make(chan agenttool.Result, 1), bgEnded: make(chan struct{}, 2),
 		clock: clockwork.NewFakeClock()}
 	ctx := testCtx(t)
 
-	env := traceStart(t, k, "", tp)
+	env := traceStart(t, k, "", tp, mp)
 	a, err := env.RT.Get(ctx, agent.Root("TraceAssistant", "a"))
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +166,7 @@ func TestOneTraceAcrossTheTree(t *testing.T) {
 	env.Close()
 	before := len(exp.GetSpans())
 
-	env2 := traceStart(t, k, env.Dir, tp)
+	env2 := traceStart(t, k, env.Dir, tp, mp)
 	// The background child wakes with the runtime and finishes its
 	// recovered turn; the parent's reconcile tick (due 5 s after the
 	// dispatch) then collects the run and delivers its end.
@@ -248,6 +254,49 @@ func TestOneTraceAcrossTheTree(t *testing.T) {
 	deliver := findSpan(t, after, "agent_tool.deliver")
 	if got := chain(deliver); len(got) == 0 || got[0] != "agent_tool.run TraceBackground" {
 		t.Fatalf("the delivery's ancestors = %v", got)
+	}
+
+	// The metrics of both runtimes: three runs finished completed (the
+	// background one after the restart), every turn counted, tokens
+	// counted, and the queue depth back to zero.
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, p := range d.DataPoints {
+					if m.Name == "agentry.agent_tool.runs.finished" {
+						if v, _ := p.Attributes.Value("agentry.agent_tool.status"); v.AsString() != "completed" {
+							continue
+						}
+					}
+					if m.Name == "agentry.chat.turns" {
+						if v, _ := p.Attributes.Value("agentry.chat.outcome"); v.AsString() == "interrupted" {
+							sums["interrupted turns"] += p.Value
+							continue
+						}
+					}
+					sums[m.Name] += p.Value
+				}
+			}
+		}
+	}
+	for name, want := range map[string]int64{
+		"agentry.agent_tool.runs.started":  3,
+		"agentry.agent_tool.runs.finished": 3,
+		"agentry.chat.turns":               4, // the assistant, researcher, helper, background (second life)
+		"agentry.chat.queue.depth":         0,
+		"interrupted turns":                1, // the background's first life
+	} {
+		if sums[name] != want {
+			t.Errorf("%s = %d, want %d (all: %v)", name, sums[name], want, sums)
+		}
+	}
+	if sums["agentry.model.tokens"] <= 0 {
+		t.Errorf("no tokens counted: %v", sums)
 	}
 }
 

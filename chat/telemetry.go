@@ -28,6 +28,10 @@ const (
 	attrFinish       = attribute.Key("gen_ai.response.finish_reasons")
 )
 
+// outcomeInterrupted is the span and metric outcome of a turn that the
+// runtime's shutdown left unfinished (it recovers with the next process).
+const outcomeInterrupted = "interrupted"
+
 // instruments are the chat layer's metrics, one set per runtime.
 type instruments struct {
 	turns         metric.Int64Counter

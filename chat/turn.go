@@ -697,7 +697,7 @@ func pendingCallsOf(m message.Message) []string {
 // the clients rely on: last chunk, persisted message, transcript to the
 // other connections, then the terminal frame.
 func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string) TurnResult {
-	defer c.endTurnSpan(t, outcome, errText)
+	defer func() { c.endTurnSpan(t, outcome, errText) }()
 	res := TurnResult{ID: t.row.ID, Outcome: outcome, Error: errText}
 	if t.sealed != nil {
 		res.Exhausted = t.sealed.Reason
@@ -807,6 +807,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	if err != nil {
 		if ctx.Err() != nil {
 			// Shutting down: the turn stays unfinished and recovers on start.
+			outcome = outcomeInterrupted
 			return res
 		}
 		c.log.Error("chat: persist turn end", "stream", t.row.ID, "err", err)
