@@ -37,7 +37,9 @@ type traceKit struct {
 	// bgEnded is told when the background child's turn ended (in either
 	// life).
 	bgEnded chan struct{}
-	clock   *clockwork.FakeClock
+	// delivered is told when a detached run's end is recorded delivered.
+	delivered chan struct{}
+	clock     *clockwork.FakeClock
 }
 
 type traceAssistant struct {
@@ -131,6 +133,12 @@ func traceStart(t *testing.T, k *traceKit, dir string, tp *sdktrace.TracerProvid
 			}
 		})
 		t.Cleanup(unsubscribe)
+		unsubscribe = rt.Diag().Subscribe(diag.ChannelAgentTool, func(e diag.Event) {
+			if e.Type == "detached:delivered" {
+				k.delivered <- struct{}{}
+			}
+		})
+		t.Cleanup(unsubscribe)
 	})
 }
 
@@ -146,7 +154,8 @@ func TestOneTraceAcrossTheTree(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	k := &traceKit{bgStarted: make(chan struct{}), bgDone: make(chan agenttool.Result, 1), bgEnded: make(chan struct{}, 2),
-		clock: clockwork.NewFakeClock()}
+		delivered: make(chan struct{}, 1),
+		clock:     clockwork.NewFakeClock()}
 	ctx := testCtx(t)
 
 	env := traceStart(t, k, "", tp, mp)
@@ -184,8 +193,13 @@ func TestOneTraceAcrossTheTree(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the background run's end was not delivered after the restart")
 	}
-	// The delivery's span ends once its callback has returned and the
-	// delivery is recorded; Close waits for that work.
+	// The delivery is recorded before its span ends; Close waits for that
+	// work.
+	select {
+	case <-k.delivered:
+	case <-ctx.Done():
+		t.Fatal("the background run's delivery was not recorded")
+	}
 	env2.Close()
 
 	spans := exp.GetSpans()
