@@ -174,8 +174,8 @@ func TestPublishJoinsTheSpan(t *testing.T) {
 		t.Fatalf("span event %s %v", ev.Name, ev.Attributes)
 	}
 	for _, kv := range ev.Attributes {
-		if want[string(kv.Key)] != kv.Value.Emit() {
-			t.Errorf("attribute %s = %s, want %s", kv.Key, kv.Value.Emit(), want[string(kv.Key)])
+		if want[string(kv.Key)] != kv.Value.String() {
+			t.Errorf("attribute %s = %s, want %s", kv.Key, kv.Value.String(), want[string(kv.Key)])
 		}
 	}
 	// Without a span nothing changes.
