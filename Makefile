@@ -1,15 +1,15 @@
-# Agentry: `make test` runs every test (Go once at full speed and once with
-# -race, the real npm clients against the Go server, the web playground in
-# Chromium, then each fuzz target for FUZZTIME) and checks that the playground's committed bundle matches its
-# sources. Some races only show at full speed, others only under -race. It installs the npm
+# Agentry: `make test` runs every test (the lint checks, Go once at full
+# speed and once with -race, the real npm clients against the Go server, the
+# web playground in Chromium, then each fuzz target for FUZZTIME) and checks
+# that the playground's committed bundle matches its sources and that go.mod
+# is tidy. Some races only show at full speed, others only under -race. It installs the npm
 # packages the tests need; the browser test needs Debian's chromium.
 GO ?= go
 
 .PHONY: test npm web lint bench fuzz
 
-test: npm
+test: npm lint
 	web/check-bundle.sh
-	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 30m ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
 	$(MAKE) --no-print-directory fuzz
@@ -34,10 +34,14 @@ npm:
 web:
 	cd web && npm ci --no-audit --no-fund --loglevel=error && npm run build
 
+# lint: gofmt, go vet, staticcheck (a pinned release, so that a new one
+# cannot break the build unannounced), and go.mod/go.sum tidy.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint:
 	gofmt -l . | (! grep .)
 	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@latest ./...
+	$(GO) run $(STATICCHECK) ./...
+	$(GO) mod tidy -diff
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...

@@ -148,10 +148,11 @@ func (b *Base) DeleteSubAgent(ctx context.Context, class, name string) error {
 // closes their connections.
 func (b *Base) Destroy(ctx context.Context) error { return b.in.rt.Destroy(ctx, b.in.path) }
 
-// SubAgent returns the typed child of parent at class and name.
-func SubAgent[T Agent](ctx context.Context, parent Agent, class, name string) (T, error) {
+// SubAgent returns the typed child of parent at class (a class name or a
+// ClassHandle) and name.
+func SubAgent[T Agent, C ClassName](ctx context.Context, parent Agent, class C, name string) (T, error) {
 	var zero T
-	a, err := parent.base().SubAgent(ctx, class, name)
+	a, err := parent.base().SubAgent(ctx, string(class), name)
 	if err != nil {
 		return zero, err
 	}
@@ -226,6 +227,6 @@ func (rt *Runtime) Destroy(ctx context.Context, path Path) error {
 		return fmt.Errorf("agent: destroy %s: %w", key, err)
 	}
 	rt.sched.poke()
-	rt.diag.Publish(diag.ChannelAgent, "destroy", key, nil)
+	rt.diag.Publish(ctx, diag.ChannelAgent, "destroy", key, nil)
 	return nil
 }

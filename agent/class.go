@@ -39,6 +39,8 @@ type Class struct {
 	// about routing, not identity: combine it with the server's
 	// authorization.
 	Public bool
+
+	typ reflect.Type // the instance type a ClassHandle promises, if any
 }
 
 // Agent is implemented by every agent type by embedding Base.
@@ -80,6 +82,9 @@ func newClassInfo(c Class) (*classInfo, error) {
 		return nil, fmt.Errorf("agent: class %s: New returned nil", c.Name)
 	}
 	ci := &classInfo{Class: c, route: Kebab(c.Name), typ: reflect.TypeOf(sample), callables: map[string]*method{}}
+	if c.typ != nil && ci.typ != c.typ {
+		return nil, fmt.Errorf("agent: class %s: New returns a %s, but its handle is a ClassHandle[%s]", c.Name, ci.typ, c.typ)
+	}
 	if ci.route == "sub" || ci.route == "" {
 		return nil, fmt.Errorf("agent: class %s: route name %q is reserved", c.Name, ci.route)
 	}

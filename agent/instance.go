@@ -238,7 +238,7 @@ func (in *instance) start(ctx context.Context) {
 			ls.LayerStarted(ctx)
 		}
 	}
-	rt.diag.Publish(diag.ChannelAgent, "start", in.key, map[string]any{"class": in.class.Name})
+	rt.diag.Publish(ctx, diag.ChannelAgent, "start", in.key, map[string]any{"class": in.class.Name})
 }
 
 func (in *instance) fail(err error) {

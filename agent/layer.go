@@ -61,8 +61,15 @@ type LayerGate interface {
 // instance. Agent tools use it, since every agent can run them.
 type Extension func(a Agent) Layer
 
-// Use registers an extension. Call it before Start.
-func (rt *Runtime) Use(ext Extension) { rt.extensions = append(rt.extensions, ext) }
+// Use registers an extension. Call it before Start: after it, Use
+// returns ErrStarted.
+func (rt *Runtime) Use(ext Extension) error {
+	if rt.Started() {
+		return ErrStarted
+	}
+	rt.extensions = append(rt.extensions, ext)
+	return nil
+}
 
 // LayerOf returns the layer of type T of agent a (embedded or added by an
 // extension), if it has one.

@@ -16,8 +16,9 @@ type Hop struct {
 // each sub-agent's class and name.
 type Path []Hop
 
-// Root returns the path of a root instance.
-func Root(class, name string) Path { return Path{{Class: class, Name: name}} }
+// Root returns the path of a root instance; class is a class name or a
+// ClassHandle.
+func Root[C ClassName](class C, name string) Path { return Path{{Class: string(class), Name: name}} }
 
 // Child returns the path of p's sub-agent of class and name.
 func (p Path) Child(class, name string) Path {

@@ -11,6 +11,9 @@ import (
 	"strconv"
 	"sync"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentry/agentry/diag"
 )
 
@@ -90,7 +93,8 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 			lc.LayerConnect(cctx, c)
 		}
 	}
-	rt.diag.Publish(diag.ChannelAgent, "connect", in.key, map[string]any{"connection": id})
+	rt.tel.connections.Add(ctx, 1, metric.WithAttributes(AttrClass.String(in.class.Name)))
+	rt.diag.Publish(ctx, diag.ChannelAgent, "connect", in.key, map[string]any{"connection": id})
 	if h, ok := in.agent.(Connector); ok {
 		err := Enter(cctx, in.agent, func(ctx context.Context) error { return h.OnConnect(ctx, c) })
 		if err != nil {
@@ -131,7 +135,8 @@ func (c *Conn) Disconnect(code int, reason string) {
 			in.rt.log.Warn("OnClose skipped", "agent", in.key, "err", err)
 		}
 	}
-	in.rt.diag.Publish(diag.ChannelAgent, "close", in.key, map[string]any{"connection": c.id, "code": code})
+	in.rt.tel.connections.Add(in.rt.ctx, -1, metric.WithAttributes(AttrClass.String(in.class.Name)))
+	in.rt.diag.Publish(in.rt.ctx, diag.ChannelAgent, "close", in.key, map[string]any{"connection": c.id, "code": code})
 	in.release()
 }
 
@@ -311,7 +316,7 @@ func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 		c.calls.Add(-1)
 		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: fmt.Sprintf(
 			"too many calls in flight on this connection (the limit is %d); wait for a response before sending more", rt.maxCalls)})
-		rt.diag.Publish(diag.ChannelRPC, "refuse", in.key, map[string]any{"method": req.Method, "connection": c.id})
+		rt.diag.Publish(ctx, diag.ChannelRPC, "refuse", in.key, map[string]any{"method": req.Method, "connection": c.id})
 		return
 	}
 	// The call's context is the runtime's, not the socket's: a call goes
@@ -351,8 +356,18 @@ func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 		ctx, tcancel = context.WithTimeout(ctx, rt.rpcTTL)
 		defer tcancel()
 	}
+	ctx, span := rt.tel.tracer.Start(ctx, "rpc "+req.Method, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(AttrAgent.String(in.key), AttrClass.String(in.class.Name), AttrMethod.String(req.Method)))
 	result, err := m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), stream, req.Args)
-	attrs := map[string]any{"method": req.Method, "streaming": m.streaming, "duration": rt.clock.Since(start)}
+	elapsed := rt.clock.Since(start)
+	outcome := "ok"
+	if err != nil {
+		outcome = "error"
+	}
+	rt.tel.rpcDuration.Record(ctx, seconds(elapsed), metric.WithAttributes(AttrClass.String(in.class.Name),
+		AttrMethod.String(req.Method), AttrResult.String(outcome)))
+	defer func() { EndSpan(span, err) }()
+	attrs := map[string]any{"method": req.Method, "streaming": m.streaming, "duration": elapsed}
 	c.calls.Add(-1)
 	if err != nil {
 		attrs["error"] = err.Error()
@@ -365,7 +380,7 @@ func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 		}
 		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Success: true, Result: result, Done: done(true)})
 	}
-	rt.diag.Publish(diag.ChannelRPC, "call", in.key, attrs)
+	rt.diag.Publish(ctx, diag.ChannelRPC, "call", in.key, attrs)
 }
 
 // lookupCallable finds a callable by wire name, with the reference's error

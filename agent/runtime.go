@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentry/agentry/diag"
 	"github.com/agentry/agentry/store"
@@ -58,6 +60,16 @@ type Options struct {
 	// resident instance is in use, the hydration fails with
 	// ErrTooManyInstances. Zero means 10,000.
 	MaxInstances int
+	// TracerProvider makes the runtime's spans: client RPC calls, and its
+	// layers' (chat turns, model and tool calls, agent-tool runs). Nil
+	// means the global provider (otel.GetTracerProvider), which records
+	// nothing unless the program installs an OpenTelemetry SDK.
+	TracerProvider trace.TracerProvider
+	// MeterProvider makes the runtime's metrics (RPC durations,
+	// connections, resident instances, and the layers' runs, turns,
+	// tokens and queue depths). Nil means the global provider
+	// (otel.GetMeterProvider).
+	MeterProvider metric.MeterProvider
 }
 
 // The defaults of Options.
@@ -91,11 +103,15 @@ type Runtime struct {
 	values     sync.Map // layer configuration, see SetValue
 	migrated   sync.Map // component → *migration, see Migrate
 	extensions []Extension
+	hooks      []Hook                        // declared by layers (DeclareHooks)
+	checks     []func(context.Context) error // start-time checks (AddCheck)
+	started    bool                          // Start was called (guarded by mu)
 
 	ctx    context.Context // canceled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // background goroutines
 	sched  *scheduler
+	tel    *telemetry
 }
 
 // New returns a Runtime. It applies the runtime's schema to opts.DB.
@@ -138,17 +154,27 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 		ctx:         rctx, cancel: cancel,
 	}
 	rt.sched = newScheduler(rt)
+	rt.tel = newTelemetry(rt, opts.TracerProvider, opts.MeterProvider)
 	done := &migration{}
 	done.once.Do(func() {})
 	rt.migrated.Store("agent", done)
 	return rt, nil
 }
 
-// Register adds an agent class. Register all classes before Start.
+// Register adds an agent class. Register all classes before Start. A
+// class is refused when it cannot work as declared: a callable that is not
+// a method, a method named as a hook but with another signature (see
+// Hook), a New that does not return the type of the class's handle.
 func (rt *Runtime) Register(c Class) error {
 	ci, err := newClassInfo(c)
 	if err != nil {
 		return err
+	}
+	if err := checkHooks(ci, rt.allHooks()); err != nil {
+		return err
+	}
+	if rt.Started() {
+		return fmt.Errorf("agent: register %s: %w", c.Name, ErrStarted)
 	}
 	if _, dup := rt.classes[c.Name]; dup {
 		return fmt.Errorf("agent: class %s registered twice", c.Name)
@@ -212,7 +238,21 @@ func (rt *Runtime) Route(class string) string {
 // Start begins background work: instances with a KeepAwake reason are
 // hydrated (their layers resume unfinished work), schedules that came due while the process
 // was down fire now, then each as it comes due; idle instances are evicted.
+//
+// Start first checks the set-up (every class against every hook the
+// layers declared, and the layers' own checks, such as agent tools naming
+// unknown classes) and returns those errors without starting anything.
 func (rt *Runtime) Start(ctx context.Context) error {
+	rt.mu.Lock()
+	started := rt.started
+	rt.started = true
+	rt.mu.Unlock()
+	if started {
+		return errors.New("agent: Start called twice")
+	}
+	if err := rt.check(ctx); err != nil {
+		return err
+	}
 	if err := rt.wakeAll(ctx); err != nil {
 		return err
 	}
@@ -253,6 +293,7 @@ func (rt *Runtime) Close() error {
 		in.closeConns(1001, "server shutting down")
 	}
 	rt.wg.Wait()
+	rt.tel.close()
 	return nil
 }
 
@@ -436,7 +477,7 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 			if lru == nil {
 				n := len(rt.instances)
 				rt.mu.Unlock()
-				rt.diag.Publish(diag.ChannelAgent, "refuse", key, map[string]any{"resident": n})
+				rt.diag.Publish(ctx, diag.ChannelAgent, "refuse", key, map[string]any{"resident": n})
 				return nil, fmt.Errorf("%w: %d resident and none idle (Options.MaxInstances); %s not hydrated", ErrTooManyInstances, n, key)
 			}
 			rt.forgetLocked(lru)
@@ -448,7 +489,7 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 	in.pinLocked()
 	rt.mu.Unlock()
 	for _, e := range evicted {
-		rt.diag.Publish(diag.ChannelAgent, "evict", e.key, map[string]any{"reason": "max_instances"})
+		rt.diag.Publish(ctx, diag.ChannelAgent, "evict", e.key, map[string]any{"reason": "max_instances"})
 	}
 	if !ok {
 		exists, _ := ctx.Value(existsKey{}).(bool)
@@ -498,7 +539,7 @@ func (rt *Runtime) EvictIdle() int {
 	}
 	rt.mu.Unlock()
 	for _, in := range evicted {
-		rt.diag.Publish(diag.ChannelAgent, "evict", in.key, nil)
+		rt.diag.Publish(rt.ctx, diag.ChannelAgent, "evict", in.key, nil)
 	}
 	return len(evicted)
 }
@@ -517,7 +558,7 @@ func (rt *Runtime) Evict(path Path) bool {
 	}
 	rt.mu.Unlock()
 	if ok {
-		rt.diag.Publish(diag.ChannelAgent, "evict", key, nil)
+		rt.diag.Publish(rt.ctx, diag.ChannelAgent, "evict", key, nil)
 	}
 	return ok
 }

@@ -103,7 +103,7 @@ func (b *Base) addSchedule(ctx context.Context, s Schedule, payload any) (Schedu
 	if err != nil {
 		return Schedule{}, fmt.Errorf("agent: schedule %s: %w", s.Method, err)
 	}
-	rt.diag.Publish(diag.ChannelSchedule, "create", b.in.key, map[string]any{"id": s.ID, "method": s.Method, "kind": s.Kind, "dueAt": s.DueAt})
+	rt.diag.Publish(ctx, diag.ChannelSchedule, "create", b.in.key, map[string]any{"id": s.ID, "method": s.Method, "kind": s.Kind, "dueAt": s.DueAt})
 	rt.sched.poke()
 	return s, nil
 }
@@ -124,7 +124,7 @@ func (b *Base) CancelSchedule(ctx context.Context, id string) (bool, error) {
 		return false, fmt.Errorf("agent: cancel schedule %s: %w", id, err)
 	}
 	if n > 0 {
-		b.in.rt.diag.Publish(diag.ChannelSchedule, "cancel", b.in.key, map[string]any{"id": id})
+		b.in.rt.diag.Publish(ctx, diag.ChannelSchedule, "cancel", b.in.key, map[string]any{"id": id})
 		b.in.rt.sched.poke()
 	}
 	return n > 0, nil
@@ -442,7 +442,7 @@ func (s *scheduler) run(sc Schedule, key string) {
 	}
 	// After the row's update: an observer of "fire" sees the schedule as
 	// the firing left it (deleted or moved to its next due time).
-	rt.diag.Publish(diag.ChannelSchedule, "fire", key, attrs)
+	rt.diag.Publish(ctx, diag.ChannelSchedule, "fire", key, attrs)
 }
 
 // scheduleRetry is how long a schedule waits before it fires again when

@@ -71,7 +71,7 @@ func (rt *Runtime) wakeAll(ctx context.Context) error {
 				rt.log.Error("wake: hydrate", "agent", k, "err", err)
 				return
 			}
-			rt.diag.Publish(diag.ChannelAgent, "wake", k, nil)
+			rt.diag.Publish(ctx, diag.ChannelAgent, "wake", k, nil)
 		}()
 	}
 	wg.Wait()

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/store"
 )
@@ -208,6 +210,12 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 	if err != nil || !won {
 		return err
 	}
+	// The delivery joins the run's trace, also when it comes after a
+	// restart.
+	ctx, span := h.rt.Tracer().Start(runSpanContext(ctx, row), "agent_tool.deliver",
+		trace.WithAttributes(agent.AttrAgent.String(h.b.Path().String()), attrRunID.String(row.RunID),
+			attrType.String(row.AgentType), attrStatus.String(string(res.Status))))
+	defer func() { agent.EndSpan(span, err) }()
 	// The delivery is one input of the parent.
 	callback := row.det.OnFinish
 	cbErr := agent.Enter(ctx, h.a, func(actx context.Context) error {
@@ -224,9 +232,10 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 		return nil
 	})
 	if cbErr != nil {
-		h.publish("detached:delivery_failed", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status),
+		h.publish(ctx, "detached:delivery_failed", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status),
 			"callback": callback, "error": cbErr.Error()})
-		return fmt.Errorf("agenttool: deliver %s of %s: %w", s, row.RunID, cbErr)
+		err = fmt.Errorf("agenttool: deliver %s of %s: %w", s, row.RunID, cbErr)
+		return err
 	}
 	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET `+string(s)+`_delivered_at = ? WHERE instance_id = ? AND run_id = ?`,
@@ -234,7 +243,7 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 		return err
 	})
 	if err == nil {
-		h.publish("detached:delivered", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status)})
+		h.publish(ctx, "detached:delivered", map[string]any{"runId": row.RunID, "kind": string(s), "status": string(res.Status)})
 	}
 	return err
 }
@@ -425,7 +434,7 @@ func (h *host) markFinishDelivered(ctx context.Context, runID string) error {
 		return err
 	})
 	if err == nil {
-		h.publish("detached:delivered", map[string]any{"runId": runID, "kind": string(slotFinish), "status": string(StatusAborted), "suppressed": true})
+		h.publish(ctx, "detached:delivered", map[string]any{"runId": runID, "kind": string(slotFinish), "status": string(StatusAborted), "suppressed": true})
 	}
 	return err
 }

@@ -277,7 +277,7 @@ func (w *detOutputWorker) AgentToolOutput(ctx context.Context, runID string) (an
 
 func detStart(t *testing.T, k *detKit, dir string) *testenv.Env {
 	t.Helper()
-	return testenv.Start(t, testenv.Options{
+	return startEnv(t, testenv.Options{
 		Dir:   dir,
 		Clock: k.clock,
 		Classes: []agent.Class{
@@ -286,12 +286,7 @@ func detStart(t *testing.T, k *detKit, dir string) *testenv.Env {
 			{Name: "DetWorker", New: func() agent.Agent { return &detWorker{k: k} }},
 			{Name: "DetOutputWorker", New: func() agent.Agent { return &detOutputWorker{detWorker{k: k}} }},
 		},
-		Setup: func(rt *agent.Runtime) error {
-			chat.Configure(rt, chat.Config{})
-			agenttool.Install(rt, agenttool.Options{})
-			return nil
-		},
-	})
+	}, chat.Config{}, agenttool.Options{}, nil)
 }
 
 func detGet[T agent.Agent](t *testing.T, env *testenv.Env, path agent.Path) T {
@@ -342,23 +337,15 @@ func detInspect(t *testing.T, parent agent.Agent, runID string) *agenttool.Inspe
 // Observability and the reconcile schedule.
 
 // detDiag records events of the schedule and agentTool channels.
-type detDiag struct {
-	mu      sync.Mutex
-	events  []diag.Event
-	changed chan struct{}
-}
+type detDiag struct{ events }
 
 func detWatch(t *testing.T, env *testenv.Env) *detDiag {
-	d := &detDiag{changed: make(chan struct{})}
+	d := &detDiag{events{changed: make(chan struct{})}}
 	fn := func(e diag.Event) {
 		if e.Channel == diag.ChannelSchedule && e.Type == "fire" {
 			detFired.Store(fmt.Sprint(e.Attrs["id"]), true)
 		}
-		d.mu.Lock()
-		d.events = append(d.events, e)
-		close(d.changed)
-		d.changed = make(chan struct{})
-		d.mu.Unlock()
+		d.add(e)
 	}
 	u1 := env.RT.Diag().Subscribe(diag.ChannelSchedule, fn)
 	u2 := env.RT.Diag().Subscribe(diag.ChannelAgentTool, fn)
@@ -367,32 +354,18 @@ func detWatch(t *testing.T, env *testenv.Env) *detDiag {
 }
 
 func (d *detDiag) count(channel, typ string, match func(diag.Event) bool) int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n := 0
-	for _, e := range d.events {
-		if e.Channel == channel && e.Type == typ && (match == nil || match(e)) {
-			n++
-		}
-	}
-	return n
+	return d.countWhere(detMatch(channel, typ, match))
 }
 
 // wait waits until an event matches.
 func (d *detDiag) wait(t *testing.T, ctx context.Context, what, channel, typ string, match func(diag.Event) bool) {
 	t.Helper()
-	for {
-		d.mu.Lock()
-		ch := d.changed
-		d.mu.Unlock()
-		if d.count(channel, typ, match) > 0 {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %s", what)
-		}
+	d.waitWhere(t, ctx, func() string { return what }, detMatch(channel, typ, match))
+}
+
+func detMatch(channel, typ string, match func(diag.Event) bool) func(diag.Event) bool {
+	return func(e diag.Event) bool {
+		return e.Channel == channel && e.Type == typ && (match == nil || match(e))
 	}
 }
 

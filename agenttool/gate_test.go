@@ -51,17 +51,12 @@ func TestParentAnswersWhileAwaiting(t *testing.T) {
 	fake := clockwork.NewFakeClock()
 	k := newKit()
 	k.researcher = heldModel(fake, scripted.Always(scripted.Reply{scripted.Text("Findings about the topic")}))
-	env := testenv.Start(t, testenv.Options{
+	env := startEnv(t, testenv.Options{
 		Classes: []agent.Class{
 			{Name: "Lister", New: func() agent.Agent { return &lister{} }, Callable: []string{"research", "listRuns"}, Public: true},
 			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
 		},
-		Setup: func(rt *agent.Runtime) error {
-			chat.Configure(rt, chat.Config{})
-			agenttool.Install(rt, agenttool.Options{})
-			return nil
-		},
-	})
+	}, chat.Config{}, agenttool.Options{}, nil)
 	ctx := testCtx(t)
 	w := dial(t, env, "lister/l1")
 	w.send(map[string]any{"type": "rpc", "id": "research", "method": "research", "args": []any{"r1"}})

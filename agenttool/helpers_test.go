@@ -220,7 +220,7 @@ type plain struct{ agent.Base }
 
 func startKit(t *testing.T, k *kit, opts agenttool.Options) *testenv.Env {
 	t.Helper()
-	return testenv.Start(t, testenv.Options{
+	return startEnv(t, testenv.Options{
 		Classes: []agent.Class{
 			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
 			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
@@ -230,12 +230,7 @@ func startKit(t *testing.T, k *kit, opts agenttool.Options) *testenv.Env {
 			{Name: "Plain", New: func() agent.Agent { return &plain{} }, Public: true},
 		},
 		Logger: k.logs.Logger(),
-		Setup: func(rt *agent.Runtime) error {
-			chat.Configure(rt, chat.Config{})
-			agenttool.Install(rt, opts)
-			return nil
-		},
-	})
+	}, chat.Config{}, opts, nil)
 }
 
 func getAssistant(t *testing.T, env *testenv.Env, name string) *assistant {

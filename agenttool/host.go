@@ -24,11 +24,42 @@ type Options struct {
 
 type optionsKey struct{}
 
-// Install enables agent tools on every agent of rt. Call it before Start.
-func Install(rt *agent.Runtime, opts Options) {
+// Install enables agent tools on every agent of rt. Call it before Start;
+// after it, Install returns agent.ErrStarted and changes nothing. It also
+// has the runtime check every class for methods named as an agent-tool
+// hook (OnAgentToolFinish, AgentToolOutput, …) with another signature.
+func Install(rt *agent.Runtime, opts Options) error {
+	if rt.Started() {
+		return fmt.Errorf("agenttool: Install: %w", agent.ErrStarted)
+	}
+	if _, ok := rt.Value(optionsKey{}).(*Options); ok {
+		return errors.New("agenttool: Install called twice on one runtime")
+	}
 	o := &opts
+	if err := rt.DeclareHooks(hooks...); err != nil {
+		return err
+	}
+	if err := rt.Use(func(a agent.Agent) agent.Layer { return &host{a: a, b: agent.BaseOf(a), rt: rt, opts: o} }); err != nil {
+		return err
+	}
 	rt.SetValue(optionsKey{}, o)
-	rt.Use(func(a agent.Agent) agent.Layer { return &host{a: a, b: agent.BaseOf(a), rt: rt, opts: o} })
+	return nil
+}
+
+// hooks are the agent-tool hook interfaces (of parents and of children).
+var hooks = []agent.Hook{
+	agent.HookFor[StartObserver](nil),
+	agent.HookFor[FinishObserver](nil),
+	agent.HookFor[ConcurrencyLimiter](nil),
+	agent.HookFor[ProgressObserver](nil),
+	agent.HookFor[DetachedBudgeter](nil),
+	agent.HookFor[CompletionFormatter](nil),
+	agent.HookFor[MilestoneFormatter](nil),
+	agent.HookFor[ReattachNoProgressTimeouter](nil),
+	agent.HookFor[ReattachMaxWindower](nil),
+	agent.HookFor[InputFormatter](nil),
+	agent.HookFor[OutputProvider](nil),
+	agent.HookFor[SummaryProvider](nil),
 }
 
 // Hooks of the parent, all optional.
@@ -191,8 +222,8 @@ func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
 	}
 }
 
-func (h *host) publish(typ string, attrs map[string]any) {
-	h.rt.Diag().Publish(diag.ChannelAgentTool, typ, h.b.Path().String(), attrs)
+func (h *host) publish(ctx context.Context, typ string, attrs map[string]any) {
+	h.rt.Diag().Publish(ctx, diag.ChannelAgentTool, typ, h.b.Path().String(), attrs)
 }
 
 // LayerGate enforces the default drill-in rule: a child created by an agent
@@ -243,12 +274,12 @@ func (h *host) hasRun(ctx context.Context, class, runID string) (bool, error) {
 
 // HasAgentToolRun reports whether parent's registry holds run runID of
 // class (any status). Drill-in gates use it.
-func HasAgentToolRun(ctx context.Context, parent agent.Agent, class, runID string) (bool, error) {
+func HasAgentToolRun[C agent.ClassName](ctx context.Context, parent agent.Agent, class C, runID string) (bool, error) {
 	h, err := hostOf(parent)
 	if err != nil {
 		return false, err
 	}
-	return h.hasRun(ctx, class, runID)
+	return h.hasRun(ctx, string(class), runID)
 }
 
 var errNoChat = errors.New("agenttool: the child class is not a chat agent (embed chat.Base)")

@@ -9,13 +9,12 @@ import (
 	"sync"
 	"time"
 
-	"log/slog"
-
-	"github.com/agentry/agentry/internal/ids"
 	"github.com/jonboulle/clockwork"
 
+	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/ids"
 	"github.com/agentry/agentry/store"
 )
 
@@ -137,9 +136,13 @@ func ReportProgress(ctx context.Context, p Progress, persist ...bool) error {
 	return h.emitProgress(ctx, cr, em, seq, p, keep)
 }
 
+// warnOutsideRun logs a ReportProgress outside any chat turn through the
+// logger of the agent whose code runs in ctx. Outside any agent there is
+// no runtime to log through, and the call is ignored silently.
 func warnOutsideRun(ctx context.Context) {
-	// No agent to log through: use the default logger.
-	slog.Default().WarnContext(ctx, "agenttool: ReportProgress called outside an agent-tool run; ignored")
+	if a, ok := agent.FromContext(ctx); ok {
+		agent.BaseOf(a).Logger().WarnContext(ctx, "agenttool: ReportProgress called outside an agent-tool run; ignored")
+	}
 }
 
 // runOfStream finds the run executing as stream streamID.

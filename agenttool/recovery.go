@@ -94,7 +94,7 @@ const recoveryLookahead = 16
 func (h *host) recover(ctx context.Context, rows []runRow) {
 	clock := h.rt.Clock()
 	start := clock.Now()
-	h.publish("recovery:begin", map[string]any{"runCount": len(rows), "totalTimeoutMs": recoveryDeadline.Milliseconds()})
+	h.publish(ctx, "recovery:begin", map[string]any{"runCount": len(rows), "totalTimeoutMs": recoveryDeadline.Milliseconds()})
 	deadline := start.Add(recoveryDeadline)
 	type pending struct {
 		row   runRow
@@ -220,7 +220,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h.publish("recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
+			h.publish(ctx, "recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
 				"budgetMs": lim.noProgress.Milliseconds()})
 			var res Result
 			var err error
@@ -233,20 +233,20 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			if err != nil {
 				return
 			}
-			h.publish("recovery:row", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
+			h.publish(ctx, "recovery:row", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
 				"status": string(res.Status), "reason": string(res.Reason), "error": res.Error,
 				"elapsedMs": clock.Since(start).Milliseconds()})
 		}()
 	}
 	wg.Wait()
-	h.publish("recovery:complete", map[string]any{"runCount": len(rows), "elapsedMs": clock.Since(start).Milliseconds()})
+	h.publish(ctx, "recovery:complete", map[string]any{"runCount": len(rows), "elapsedMs": clock.Since(start).Milliseconds()})
 }
 
 // recoveredRow finalizes one row during recovery and reports it on the
 // agentTool channel with its typed reason.
 func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, res Result, mark int) {
 	if res.Reason == ReasonRecoveryDeadline {
-		h.publish("recovery:deadline", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
+		h.publish(ctx, "recovery:deadline", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
 			"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
 	}
 	stored, err := h.finish(ctx, row, res, mark)
@@ -254,7 +254,7 @@ func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, re
 		h.b.Logger().Error("agenttool: recover run", "run", row.RunID, "err", err)
 		return
 	}
-	h.publish("recovery:row", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
+	h.publish(ctx, "recovery:row", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
 		"status": string(stored.Status), "reason": string(stored.Reason), "error": stored.Error,
 		"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
 }

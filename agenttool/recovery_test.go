@@ -255,7 +255,7 @@ type recEnv struct {
 // recStart starts a runtime on dir ("" for a new folder).
 func recStart(t *testing.T, k *recKit, dir string) *recEnv {
 	t.Helper()
-	return recStartWith(t, k, dir, &recEvents{changed: make(chan struct{})}, nil)
+	return recStartWith(t, k, dir, newRecEvents(), nil)
 }
 
 // recStartWith is recStart with the event recorder given and a hook that
@@ -263,7 +263,7 @@ func recStart(t *testing.T, k *recKit, dir string) *recEnv {
 func recStartWith(t *testing.T, k *recKit, dir string, ev *recEvents, setup func(rt *agent.Runtime)) *recEnv {
 	t.Helper()
 	clock := clockwork.NewFakeClockAt(time.Now())
-	env := testenv.Start(t, testenv.Options{
+	env := startEnv(t, testenv.Options{
 		Dir:   dir,
 		Clock: clock,
 		Classes: []agent.Class{
@@ -275,20 +275,18 @@ func recStartWith(t *testing.T, k *recKit, dir string, ev *recEvents, setup func
 			{Name: "RecBroken", New: func() agent.Agent { return &recBroken{} }},
 			{Name: "RecStepper", New: func() agent.Agent { return &recStepper{k: k} }},
 		},
-		Setup: func(rt *agent.Runtime) error {
-			// Every chunk is persisted as it is written: no flush timers on
-			// the runtime's clock, which only the budgets use.
-			chat.Configure(rt, chat.Config{FlushChunks: 1})
-			agenttool.Install(rt, agenttool.Options{})
+	},
+		// Every chunk is persisted as it is written: no flush timers on
+		// the runtime's clock, which only the budgets use.
+		chat.Config{FlushChunks: 1}, agenttool.Options{},
+		func(rt *agent.Runtime) {
 			rt.Diag().Subscribe(diag.ChannelAgentTool, ev.add)
 			rt.Diag().Subscribe(diag.ChannelChat, ev.add)
 			rt.Diag().Subscribe(diag.ChannelAgent, ev.add)
 			if setup != nil {
 				setup(rt)
 			}
-			return nil
-		},
-	})
+		})
 	return &recEnv{Env: env, clock: clock, ev: ev}
 }
 
@@ -304,98 +302,40 @@ func (e *recEnv) parent(t *testing.T, class, name string) agent.Agent {
 // ---------------------------------------------------------------------------
 // Observability events.
 
-type recEvents struct {
-	mu      sync.Mutex
-	list    []diag.Event
-	changed chan struct{}
-}
+// recEvents is the event log of a recovery test's runtimes.
+type recEvents struct{ events }
 
-func (r *recEvents) add(e diag.Event) {
-	r.mu.Lock()
-	r.list = append(r.list, e)
-	close(r.changed)
-	r.changed = make(chan struct{})
-	r.mu.Unlock()
-}
-
-func (r *recEvents) all() []diag.Event {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]diag.Event(nil), r.list...)
-}
+func newRecEvents() *recEvents { return &recEvents{events: events{changed: make(chan struct{})}} }
 
 // wait returns the first event of type typ whose attrs match (runId when
 // run is not "").
 func (r *recEvents) wait(t *testing.T, typ, run string) diag.Event {
 	t.Helper()
-	ctx := recCtx(t)
-	for {
-		r.mu.Lock()
-		ch := r.changed
-		for _, e := range r.list {
-			if e.Type == typ && (run == "" || e.Attrs["runId"] == run) {
-				r.mu.Unlock()
-				return e
-			}
-		}
-		r.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for event %s %s; events:\n%s", typ, run, recDumpEvents(r.all()))
-		}
-	}
+	return r.waitWhere(t, recCtx(t), func() string {
+		return "event " + typ + " " + run + "; events:\n" + recDumpEvents(r.all())
+	}, recMatch(typ, run))
 }
 
 // waitN waits until n events of type typ (for run) were seen.
 func (r *recEvents) waitN(t *testing.T, typ, run string, n int) {
 	t.Helper()
-	ctx := recCtx(t)
-	for {
-		r.mu.Lock()
-		ch := r.changed
-		r.mu.Unlock()
-		if r.count(typ, run) >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for %d events %s %s; events:\n%s", n, typ, run, recDumpEvents(r.all()))
-		}
-	}
+	r.waitCount(t, recCtx(t), func() string {
+		return fmt.Sprintf("%d events %s %s; events:\n%s", n, typ, run, recDumpEvents(r.all()))
+	}, n, recMatch(typ, run))
 }
 
-func (r *recEvents) count(typ, run string) int {
-	n := 0
-	for _, e := range r.all() {
-		if e.Type == typ && (run == "" || e.Attrs["runId"] == run) {
-			n++
-		}
-	}
-	return n
+func (r *recEvents) count(typ, run string) int { return r.countWhere(recMatch(typ, run)) }
+
+func recMatch(typ, run string) func(diag.Event) bool {
+	return func(e diag.Event) bool { return e.Type == typ && (run == "" || e.Attrs["runId"] == run) }
 }
 
 // waitTurn waits for the chat turn event of the instance at path.
 func (r *recEvents) waitTurn(t *testing.T, path agent.Path) diag.Event {
 	t.Helper()
-	ctx := recCtx(t)
-	for {
-		r.mu.Lock()
-		ch := r.changed
-		for _, e := range r.list {
-			if e.Channel == diag.ChannelChat && e.Type == "turn" && e.Agent == path.String() {
-				r.mu.Unlock()
-				return e
-			}
-		}
-		r.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting for the turn of %s", path)
-		}
-	}
+	return r.waitWhere(t, recCtx(t), func() string { return "the turn of " + path.String() }, func(e diag.Event) bool {
+		return e.Channel == diag.ChannelChat && e.Type == "turn" && e.Agent == path.String()
+	})
 }
 
 func recDumpEvents(es []diag.Event) string {
@@ -795,7 +735,7 @@ func testRecoverCollects(t *testing.T, forgetTurnID bool) {
 	// Both wake on start. The parent's own start-up waits (in OnStart,
 	// before its recovery) until the child finished its turn by itself.
 	k.parentGate = make(chan struct{})
-	ev := &recEvents{changed: make(chan struct{})}
+	ev := newRecEvents()
 	rtc := make(chan *agent.Runtime, 1)
 	started := make(chan *recEnv, 1)
 	go func() {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/store"
 )
@@ -16,6 +17,8 @@ type runRow struct {
 	Run
 	marks []int // child stream positions at each terminal event (see eventSeq)
 	det   detachedCols
+	// traceParent is the run's span (agent.TraceParent), if any.
+	traceParent string
 }
 
 // detachedCols are the registry columns of a detached run.
@@ -34,7 +37,7 @@ type detachedCols struct {
 const runCols = `run_id, parent_tool_call_id, agent_type, input_preview, status, summary, output_json, error_message,
 	interrupted_reason, child_still_running, display_metadata, display_order, started_at, completed_at, terminal_marks,
 	detached, detached_on_finish, detached_notify, detached_notify_source, detached_max_budget_at,
-	detached_no_progress_budget_ms, detached_on_milestones, finish_delivered_at, give_up_delivered_at, usage_json, token_budget`
+	detached_no_progress_budget_ms, detached_on_milestones, finish_delivered_at, give_up_delivered_at, usage_json, token_budget, trace_parent`
 
 func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	var row runRow
@@ -42,13 +45,13 @@ func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	var still, completed sql.NullInt64
 	var started int64
 	var detached, notify int
-	var onFinish, source, onMilestones sql.NullString
+	var onFinish, source, onMilestones, traceParent sql.NullString
 	var maxAt, noProgress, finishDelivered, giveUpDelivered sql.NullInt64
 	var usage, budget sql.NullString
 	err := r.Scan(&row.RunID, &ptc, &row.AgentType, &preview, &row.Status, &summary, &output, &errMsg,
 		&reason, &still, &display, &row.DisplayOrder, &started, &completed, &marks,
 		&detached, &onFinish, &notify, &source, &maxAt, &noProgress, &onMilestones, &finishDelivered, &giveUpDelivered,
-		&usage, &budget)
+		&usage, &budget, &traceParent)
 	if err != nil {
 		return row, err
 	}
@@ -61,6 +64,7 @@ func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	if budget.Valid {
 		_ = json.Unmarshal([]byte(budget.String), &row.TokenBudget)
 	}
+	row.traceParent = traceParent.String
 	row.det = detachedCols{Detached: detached != 0, OnFinish: onFinish.String, Notify: notify != 0, NotifySource: source.String,
 		NoProgressBudget: time.Duration(noProgress.Int64) * time.Millisecond,
 		FinishDelivered:  finishDelivered.Valid, GiveUpDelivered: giveUpDelivered.Valid}
@@ -188,12 +192,12 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 		}
 		res, err := tx.Exec(ctx, `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
 				status, display_metadata, display_order, started_at, detached, detached_on_finish, detached_notify,
-				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones, token_budget)
-			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones, token_budget, trace_parent)
+			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
 			WHERE (SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND status IN ('starting', 'running')) < ?`,
 			h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
 			r.Status, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
-			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), h.iid, limit)
+			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), nullStr(agent.TraceParent(ctx)), h.iid, limit)
 		if err != nil {
 			return err
 		}

@@ -36,12 +36,16 @@ type liveRun struct {
 // The error is non-nil only when the run could not be dispatched: an
 // unknown class, a concurrency cap reached (*CapError; the run id is not
 // consumed), a child that is not a chat agent, or a storage failure.
-func RunAgentTool(ctx context.Context, parent agent.Agent, class string, opts RunOptions) (Result, error) {
+func RunAgentTool[C agent.ClassName](ctx context.Context, parent agent.Agent, c C, opts RunOptions) (Result, error) {
+	class := string(c)
 	h, err := hostOf(parent)
 	if err != nil {
 		return Result{}, err
 	}
+	ctx, span := h.startRunSpan(ctx, class, opts)
 	res, err := h.run(ctx, parent, class, opts)
+	span.SetAttributes(attrRunID.String(res.RunID), attrStatus.String(string(res.Status)))
+	agent.EndSpan(span, err)
 	if err != nil && h.rt.Context().Err() != nil {
 		// The runtime closed under the dispatch: whatever failed because
 		// of it, the run is recovered with the process.
@@ -143,7 +147,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	h.announce(ctx, parent, run)
 
-	row := runRow{Run: run, det: det}
+	row := runRow{Run: run, det: det, traceParent: agent.TraceParent(ctx)}
 	if det.Detached {
 		// The run must not inherit the turn's cancellation.
 		ctx = agent.WithAgent(context.WithoutCancel(ctx), parent)
@@ -188,7 +192,8 @@ func (h *host) announce(ctx context.Context, parent agent.Agent, run Run) {
 			return nil
 		})
 	}
-	h.publish("start", map[string]any{"runId": run.RunID, "agentType": run.AgentType, "parentToolCallId": run.ParentToolCallID})
+	h.countStarted(ctx, run)
+	h.publish(ctx, "start", map[string]any{"runId": run.RunID, "agentType": run.AgentType, "parentToolCallId": run.ParentToolCallID})
 	order := run.DisplayOrder
 	h.broadcast(run.ParentToolCallID, 0, Event{Kind: "started", RunID: run.RunID, AgentType: run.AgentType,
 		InputPreview: run.InputPreview, Order: &order, Display: run.Display})
@@ -252,7 +257,7 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 		return Result{}, nil, false
 	}
 	h.announce(ctx, parent, run)
-	res, err = h.await(awaitCtx, runRow{Run: running, det: det}, child, cr, reattachLimits{})
+	res, err = h.await(awaitCtx, runRow{Run: running, det: det, traceParent: agent.TraceParent(ctx)}, child, cr, reattachLimits{})
 	return res, err, true
 }
 
@@ -353,7 +358,7 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	} else {
 		cr = ch.track(row.RunID, insp.RequestID, insp.Status != childRunning)
 	}
-	h.publish("recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
+	h.publish(ctx, "recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
 	return h.await(ctx, row, child, cr, h.reattachLimits())
 }
 
@@ -551,7 +556,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		if gaveUp == ReasonBudgetExceeded {
 			res.Error = usage.budgetError()
 		}
-		h.publish("recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
+		h.publish(ctx, "recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
 	}
 	// Chunks committed after the follower stopped (a give-up, a cancel)
 	// are forwarded before the end, which is numbered after them: a client
@@ -703,7 +708,8 @@ func (h *host) finished(ctx context.Context, row runRow, res Result, won bool, m
 	if res.Usage != nil {
 		run.Usage = res.Usage
 	}
-	h.publish("finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
+	h.countFinished(ctx, row, res)
+	h.publish(ctx, "finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
 	switch {
 	case !row.det.Detached:
 		if o, ok := h.a.(FinishObserver); ok {

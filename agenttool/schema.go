@@ -85,4 +85,10 @@ var migrations = []store.Migration{{
 		`ALTER TABLE agent_tool_runs ADD COLUMN usage_json TEXT`,
 		`ALTER TABLE agent_tool_runs ADD COLUMN token_budget TEXT`,
 	},
+}, {
+	// trace_parent is the W3C traceparent of the run's span: work on the
+	// run after a restart (re-attach, delivery of a detached run's end)
+	// joins the trace of the turn that dispatched it.
+	Version:    4,
+	Statements: []string{`ALTER TABLE agent_tool_runs ADD COLUMN trace_parent TEXT`},
 }}

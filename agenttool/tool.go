@@ -52,15 +52,16 @@ func (o ToolOptions) display() Display {
 // "agent-tool:<toolCallId>", so a recovered turn that repeats the call
 // finds the same run instead of starting another child. On success the
 // model gets the child's summary; otherwise the Failure envelope.
-func AgentTool[In any](class string, o ToolOptions) chat.Tool {
-	return newAgentTool[In](class, o, func(r Result) (any, error) { return r.Summary, nil })
+func AgentTool[In any, C agent.ClassName](class C, o ToolOptions) chat.Tool {
+	return newAgentTool[In](string(class), o, func(r Result) (any, error) { return r.Summary, nil })
 }
 
 // AgentToolWithOutput is AgentTool for a child that declares structured
 // output: on success the model gets the run's output decoded as Out and
 // checked against Out's schema. Output that is missing or fails the schema
 // is a tool error.
-func AgentToolWithOutput[In, Out any](class string, o ToolOptions) chat.Tool {
+func AgentToolWithOutput[In, Out any, C agent.ClassName](c C, o ToolOptions) chat.Tool {
+	class := string(c)
 	schema, err := jsonschema.For[Out](nil)
 	if err != nil {
 		panic(fmt.Sprintf("agenttool: output schema of %s: %v", class, err))
@@ -120,6 +121,12 @@ func newAgentTool[In any](class string, o ToolOptions, success func(Result) (any
 	if o.Schema != nil {
 		t = t.WithSchema(o.Schema)
 	}
+	t = t.WithCheck(func(rt *agent.Runtime) error {
+		if !rt.HasClass(class) {
+			return fmt.Errorf("agenttool: AgentTool runs class %q, which is not registered", class)
+		}
+		return nil
+	})
 	if title, ok := display["name"].(string); ok {
 		t = t.WithTitle(title)
 	}

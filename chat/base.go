@@ -120,7 +120,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 	// The worker starts in LayerStarted, once every layer of the agent is
 	// ready: a recovered turn may run tools that use them.
 	c.mu.Unlock()
-	rt.Diag().Publish(diag.ChannelChat, "recover", b.Path().String(), map[string]any{"turns": len(unfinished)})
+	rt.Diag().Publish(ctx, diag.ChannelChat, "recover", b.Path().String(), map[string]any{"turns": len(unfinished)})
 	return nil
 }
 
@@ -389,7 +389,7 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 		userIDs = trailingUserIDs(msgs[len(msgs)-len(req.append):])
 	}
 	row := streamRow{ID: req.id, MessageID: newID(), Status: statusQueued, Continuation: req.continuation,
-		Body: req.body, MessageIDs: userIDs, Retain: req.retain}
+		Body: req.body, MessageIDs: userIDs, Retain: req.retain, TraceParent: agent.TraceParent(ctx)}
 	if req.continuation {
 		if last := lastAssistant(msgs); last != nil {
 			row.MessageID = last.ID
@@ -543,6 +543,7 @@ func (c *core) work(ctx context.Context) {
 		}
 		t := c.queue[0]
 		c.queue = c.queue[1:]
+		c.dequeued(1)
 		c.active, c.current = t, t
 		c.mu.Unlock()
 

@@ -25,6 +25,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/agentry/agentry/agent"
@@ -122,8 +124,15 @@ type Config struct {
 type configKey struct{}
 
 // Configure sets the runtime-wide chat configuration. Call it before
-// Start.
-func Configure(rt *agent.Runtime, cfg Config) {
+// Start; after it, Configure returns agent.ErrStarted and changes nothing.
+// It also has the runtime check the chat classes when they are registered
+// and at Start: a method named as a chat hook (SystemPrompt, Tools, …) with
+// another signature, or a tool whose check fails (an agent tool of a class
+// that is not registered), is an error.
+func Configure(rt *agent.Runtime, cfg Config) error {
+	if rt.Started() {
+		return fmt.Errorf("chat: Configure: %w", agent.ErrStarted)
+	}
 	if cfg.Retention == 0 {
 		cfg.Retention = 10 * time.Minute
 	}
@@ -137,6 +146,61 @@ func Configure(rt *agent.Runtime, cfg Config) {
 		cfg.MaxQueuedRequests = DefaultMaxQueuedRequests
 	}
 	rt.SetValue(configKey{}, cfg)
+	if _, done := rt.Value(checksKey{}).(bool); done {
+		return nil
+	}
+	rt.SetValue(checksKey{}, true)
+	if err := rt.DeclareHooks(hooks...); err != nil {
+		return err
+	}
+	return rt.AddCheck(func(context.Context) error { return checkTools(rt) })
+}
+
+type checksKey struct{}
+
+var baseType = reflect.TypeFor[Base]()
+
+// hooks are the chat layer's hook interfaces, which only classes that
+// embed Base call.
+var hooks = []agent.Hook{
+	agent.HookFor[ModelProvider](baseType),
+	agent.HookFor[SystemPrompter](baseType),
+	agent.HookFor[ToolProvider](baseType),
+	agent.HookFor[StepLimiter](baseType),
+	agent.HookFor[Handler](baseType),
+	agent.HookFor[RecoveryPolicy](baseType),
+	agent.HookFor[TurnObserver](baseType),
+	agent.HookFor[RecoveryBudgeter](baseType),
+	agent.HookFor[RecoveryGuard](baseType),
+	agent.HookFor[RecoveryExhaustedObserver](baseType),
+	agent.HookFor[MetadataProvider](baseType),
+}
+
+// checkTools runs the checks of the tools that each chat class's sample
+// instance (a fresh one from its New, not hydrated) returns from Tools. A
+// Tools method that cannot run on such an instance (it panics) is skipped:
+// its tools are checked when they run.
+func checkTools(rt *agent.Runtime) error {
+	var errs []error
+	for _, c := range rt.Classes() {
+		p, ok := c.New().(ToolProvider)
+		if !ok {
+			continue
+		}
+		var tools []Tool
+		func() {
+			defer func() { _ = recover() }()
+			tools = p.Tools()
+		}()
+		for _, t := range tools {
+			for _, check := range t.checks {
+				if err := check(rt); err != nil {
+					errs = append(errs, fmt.Errorf("chat: class %s: tool %s: %w", c.Name, t.Name, err))
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func configOf(rt *agent.Runtime) Config {

@@ -179,7 +179,7 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 		}
 		return nil
 	}
-	for ev, err := range m.Stream(ctx, req) {
+	for ev, err := range tt.t.c.streamModel(ctx, m, req) {
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, "", context.Cause(ctx)

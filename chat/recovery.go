@@ -448,10 +448,10 @@ func (c *core) beginIncident(ctx context.Context, t *turn, kind RecoveryKind, st
 	}
 	p := progress(in)
 	if !found {
-		c.rt.Diag().Publish(diag.ChannelChat, "recovery-detected", c.b.Path().String(), map[string]any{
+		c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "recovery-detected", c.b.Path().String(), map[string]any{
 			"stream": t.row.ID, "incident": in.ID, "kind": string(kind)})
 	}
-	c.rt.Diag().Publish(diag.ChannelChat, "recovery-attempt", c.b.Path().String(), map[string]any{
+	c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "recovery-attempt", c.b.Path().String(), map[string]any{
 		"stream": t.row.ID, "incident": in.ID, "kind": string(kind), "attempt": p.Attempt, "maxAttempts": p.MaxAttempts,
 		"work": p.Work, "progressed": madeProgress, "ageMs": p.Age.Milliseconds(), "reason": string(in.Reason)})
 	if in.Reason == "" {
@@ -491,7 +491,7 @@ func (c *core) sealTurn(ctx context.Context, t *turn, transcript []message.Messa
 		}
 	}
 	ex.Partial = partial.Clone()
-	c.rt.Diag().Publish(diag.ChannelChat, "recovery-exhausted", c.b.Path().String(), map[string]any{
+	c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "recovery-exhausted", c.b.Path().String(), map[string]any{
 		"stream": t.row.ID, "incident": ex.IncidentID, "reason": string(ex.Reason), "attempt": ex.Attempt,
 		"maxAttempts": ex.MaxAttempts, "kind": string(ex.Kind), "work": ex.Work, "ageMs": ex.Age.Milliseconds()})
 	if o, ok := c.self.(RecoveryExhaustedObserver); ok {

@@ -73,6 +73,12 @@ var migrations = []store.Migration{{
 	// incident of an interrupted turn.
 	Version:    4,
 	Statements: recoveryMigration,
+}, {
+	// trace_parent is the W3C traceparent of the span that submitted the
+	// turn: the turn's span (also a recovered turn's, after a restart)
+	// joins that trace.
+	Version:    5,
+	Statements: []string{`ALTER TABLE chat_streams ADD COLUMN trace_parent TEXT`},
 }}
 
 // Stream statuses in chat_streams.
@@ -103,7 +109,8 @@ type streamRow struct {
 	Attempts     int
 	NextSeq      int
 	Retain       bool
-	ToolsFrom    int // -1 when no step is executing tools
+	ToolsFrom    int    // -1 when no step is executing tools
+	TraceParent  string // the submitter's span (agent.TraceParent), if any
 }
 
 func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Message, error) {
@@ -171,8 +178,8 @@ func insertStream(ctx context.Context, tx store.Tx, iid int64, s streamRow, now 
 	if s.Continuation {
 		cont = 1
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at, retain)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now, boolInt(s.Retain))
+	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at, retain, trace_parent)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now, boolInt(s.Retain), nullStr(s.TraceParent))
 	return err
 }
 
@@ -183,16 +190,17 @@ func nullRaw(b json.RawMessage) any {
 	return string(b)
 }
 
-const streamCols = `id, message_id, status, outcome, error, message_ids, continuation, body, attempts, next_seq, tools_from`
+const streamCols = `id, message_id, status, outcome, error, message_ids, continuation, body, attempts, next_seq, tools_from, trace_parent`
 
 func scanStream(r interface{ Scan(...any) error }) (streamRow, error) {
 	var s streamRow
-	var outcome, errText, ids, body sql.NullString
+	var outcome, errText, ids, body, traceParent sql.NullString
 	var cont int
 	var toolsFrom sql.NullInt64
-	if err := r.Scan(&s.ID, &s.MessageID, &s.Status, &outcome, &errText, &ids, &cont, &body, &s.Attempts, &s.NextSeq, &toolsFrom); err != nil {
+	if err := r.Scan(&s.ID, &s.MessageID, &s.Status, &outcome, &errText, &ids, &cont, &body, &s.Attempts, &s.NextSeq, &toolsFrom, &traceParent); err != nil {
 		return s, err
 	}
+	s.TraceParent = traceParent.String
 	s.ToolsFrom = -1
 	if toolsFrom.Valid {
 		s.ToolsFrom = int(toolsFrom.Int64)

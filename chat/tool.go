@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 
+	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/model"
 )
 
@@ -26,6 +27,16 @@ type Tool struct {
 	schema   *jsonschema.Schema
 	resolved *jsonschema.Resolved
 	exec     func(ctx context.Context, input json.RawMessage) (any, error)
+	checks   []func(rt *agent.Runtime) error
+}
+
+// WithCheck returns a copy of the tool with a set-up check: the runtime's
+// Start runs it (for the tools a chat class's sample instance returns
+// from Tools) and fails on its error. An agent tool checks there that its
+// child class is registered.
+func (t Tool) WithCheck(check func(rt *agent.Runtime) error) Tool {
+	t.checks = append(append([]func(*agent.Runtime) error(nil), t.checks...), check)
+	return t
 }
 
 // Validator is implemented by tool input types with checks beyond their
@@ -122,11 +133,13 @@ func (t Tool) Execute(ctx context.Context, input json.RawMessage) (out any, err 
 	if err := t.Validate(input); err != nil {
 		return nil, err
 	}
+	ctx, end := startToolSpan(ctx, t.Name)
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("tool %s panicked: %v", t.Name, p)
-			slog.Default().ErrorContext(ctx, "chat: tool panicked", "tool", t.Name, "panic", p, "stack", string(debug.Stack()))
+			loggerOf(ctx).ErrorContext(ctx, "chat: tool panicked", "tool", t.Name, "panic", p, "stack", string(debug.Stack()))
 		}
+		end(err)
 	}()
 	return t.exec(ctx, input)
 }
@@ -150,4 +163,14 @@ func ToolCallFromContext(ctx context.Context) (ToolCall, bool) {
 // WithToolCall returns a context carrying tc.
 func WithToolCall(ctx context.Context, tc ToolCall) context.Context {
 	return context.WithValue(ctx, toolCallKey{}, tc)
+}
+
+// loggerOf returns the logger of the agent whose code runs in ctx, or a
+// logger that discards (a tool executed outside any agent has no runtime
+// to log through; its panic is still returned as an error).
+func loggerOf(ctx context.Context) *slog.Logger {
+	if a, ok := agent.FromContext(ctx); ok {
+		return agent.BaseOf(a).Logger()
+	}
+	return slog.New(slog.DiscardHandler)
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
@@ -24,8 +26,10 @@ type turn struct {
 	recovering bool
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
-	end        *EndHook // the submitter's writes at the end, if any (guarded by core.mu once queued)
-	endTaken   bool     // finishTurn read end: AttachEnd is too late
+	end        *EndHook   // the submitter's writes at the end, if any (guarded by core.mu once queued)
+	endTaken   bool       // finishTurn read end: AttachEnd is too late
+	span       trace.Span // the turn's span, from acceptance to end
+	began      time.Time  // when it was accepted (runtime clock)
 
 	// Guarded by c.mu: the stream as clients see it. chunks are the
 	// committed chunks (the output gate: only those reach clients);
@@ -65,7 +69,7 @@ type turn struct {
 func (c *core) newTurn(row streamRow, origin *agent.Conn) *turn {
 	ctx, cancel := context.WithCancelCause(agent.WithAgent(c.rt.Context(), c.self))
 	t := &turn{c: c, row: row, origin: origin, cancel: cancel, nextSeq: row.NextSeq, kick: make(chan struct{}, 1), gen: c.gen}
-	t.ctx = context.WithValue(ctx, turnKey{}, t)
+	t.ctx = context.WithValue(c.startTurnSpan(ctx, t), turnKey{}, t)
 	return t
 }
 
@@ -103,6 +107,7 @@ func (c *core) cancel(id string, cause error) bool {
 	for i, t := range c.queue {
 		if t.row.ID == id {
 			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
+			c.dequeued(1)
 			// Still waitable until its end is recorded.
 			c.ending[id] = true
 			c.mu.Unlock()
@@ -432,7 +437,7 @@ func (c *core) run(ctx context.Context, t *turn) TurnResult {
 			c.log.Error("chat: prepare recovery", "stream", t.row.ID, "err", err)
 			return c.finishTurn(ctx, t, OutcomeError, "recovery failed: "+c.turnError(t, err))
 		}
-		c.rt.Diag().Publish(diag.ChannelChat, "recover-turn", c.b.Path().String(),
+		c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "recover-turn", c.b.Path().String(),
 			map[string]any{"stream": t.row.ID, "policy": policy, "keptChunks": t.kept, "collected": collect})
 		if collect {
 			// Its stream had ended before the crash: finished work is
@@ -736,6 +741,7 @@ func pendingCallsOf(m message.Message) []string {
 // the clients rely on: last chunk, persisted message, transcript to the
 // other connections, then the terminal frame.
 func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string) TurnResult {
+	defer func() { c.endTurnSpan(t, outcome, errText) }()
 	res := TurnResult{ID: t.row.ID, Outcome: outcome, Error: errText}
 	if t.sealed != nil {
 		res.Exhausted = t.sealed.Reason
@@ -848,6 +854,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	if err != nil {
 		if ctx.Err() != nil {
 			// Shutting down: the turn stays unfinished and recovers on start.
+			outcome = outcomeInterrupted
 			return res
 		}
 		c.log.Error("chat: persist turn end", "stream", t.row.ID, "err", err)
@@ -897,7 +904,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	}
 	c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Done: true, Outcome: outcome,
 		MessageIDs: t.row.MessageIDs, Continuation: t.row.Continuation}), replaying...)
-	c.rt.Diag().Publish(diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
+	c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
 	return res
 }
 

@@ -1,14 +1,20 @@
 // Package diag is Agentry's observability hub: named channels ("agent",
 // "rpc", "schedule", "agentTool", …) that code can subscribe to, in the manner
 // of Node's diagnostics_channel. Every published event is also written as a
-// log/slog record.
+// log/slog record, and, when the publisher's context carries an
+// OpenTelemetry span that records, an event of that span: a diagnostic
+// event joins the trace of the work that published it.
 package diag
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Well-known channel names.
@@ -33,6 +39,10 @@ type Event struct {
 	Time time.Time
 	// Attrs carries the event's details.
 	Attrs map[string]any
+	// Span is the span context of the publisher's context (invalid when
+	// it carried none), so that a subscriber can relate the event to its
+	// trace.
+	Span trace.SpanContext
 }
 
 // Hub fans published events out to subscribers. The zero value is not
@@ -85,16 +95,30 @@ func (h *Hub) HasSubscribers(channel string) bool {
 	return len(h.subs[channel]) > 0 || len(h.subs["*"]) > 0
 }
 
-// Publish sends an event to the channel's subscribers and logs it.
-func (h *Hub) Publish(channel, typ, agent string, attrs map[string]any) {
-	ev := Event{Channel: channel, Type: typ, Agent: agent, Time: h.now(), Attrs: attrs}
-	if h.logger.Enabled(context.Background(), slog.LevelDebug) {
+// Publish sends an event to the channel's subscribers and logs it (with
+// ctx, so that a log handler can correlate it). When ctx carries a span
+// that records, the event is added to it as a span event named
+// channel.typ.
+func (h *Hub) Publish(ctx context.Context, channel, typ, agent string, attrs map[string]any) {
+	span := trace.SpanFromContext(ctx)
+	ev := Event{Channel: channel, Type: typ, Agent: agent, Time: h.now(), Attrs: attrs, Span: span.SpanContext()}
+	if span.IsRecording() {
+		kv := make([]attribute.KeyValue, 0, len(attrs)+1)
+		if agent != "" {
+			kv = append(kv, attribute.String("agentry.agent", agent))
+		}
+		for k, v := range attrs {
+			kv = append(kv, attributeOf(k, v))
+		}
+		span.AddEvent(channel+"."+typ, trace.WithAttributes(kv...), trace.WithTimestamp(ev.Time))
+	}
+	if h.logger.Enabled(ctx, slog.LevelDebug) {
 		args := make([]any, 0, 2*len(attrs)+4)
 		args = append(args, slog.String("channel", channel), slog.String("agent", agent))
 		for k, v := range attrs {
 			args = append(args, slog.Any(k, v))
 		}
-		h.logger.Debug(channel+"."+typ, args...)
+		h.logger.DebugContext(ctx, channel+"."+typ, args...)
 	}
 	h.mu.RLock()
 	fns := make([]func(Event), 0, len(h.subs[channel])+len(h.subs["*"]))
@@ -108,4 +132,25 @@ func (h *Hub) Publish(channel, typ, agent string, attrs map[string]any) {
 	for _, fn := range fns {
 		fn(ev)
 	}
+}
+
+// attributeOf converts an event attribute to a span attribute.
+func attributeOf(k string, v any) attribute.KeyValue {
+	switch v := v.(type) {
+	case string:
+		return attribute.String(k, v)
+	case bool:
+		return attribute.Bool(k, v)
+	case int:
+		return attribute.Int(k, v)
+	case int64:
+		return attribute.Int64(k, v)
+	case float64:
+		return attribute.Float64(k, v)
+	case time.Time:
+		return attribute.String(k, v.Format(time.RFC3339Nano))
+	case fmt.Stringer:
+		return attribute.String(k, v.String())
+	}
+	return attribute.String(k, fmt.Sprint(v))
 }

@@ -2,12 +2,15 @@ package diag_test
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/diag"
@@ -34,8 +37,8 @@ func TestSubscribeAndUnsubscribe(t *testing.T) {
 		t.Fatal("HasSubscribers false with subscribers (the wildcard counts for every channel)")
 	}
 
-	h.Publish(diag.ChannelAgent, "start", "Counter/a", map[string]any{"class": "Counter"})
-	h.Publish(diag.ChannelRPC, "call", "Counter/a", nil)
+	h.Publish(context.Background(), diag.ChannelAgent, "start", "Counter/a", map[string]any{"class": "Counter"})
+	h.Publish(context.Background(), diag.ChannelRPC, "call", "Counter/a", nil)
 	if len(agentEvents) != 1 || len(allEvents) != 2 {
 		t.Fatalf("agent subscriber got %d, wildcard %d; want 1 and 2", len(agentEvents), len(allEvents))
 	}
@@ -47,7 +50,7 @@ func TestSubscribeAndUnsubscribe(t *testing.T) {
 
 	unsubAgent()
 	unsubAgent() // idempotent
-	h.Publish(diag.ChannelAgent, "evict", "Counter/a", nil)
+	h.Publish(context.Background(), diag.ChannelAgent, "evict", "Counter/a", nil)
 	if len(agentEvents) != 1 {
 		t.Fatalf("unsubscribed function still called")
 	}
@@ -58,7 +61,7 @@ func TestSubscribeAndUnsubscribe(t *testing.T) {
 	if h.HasSubscribers(diag.ChannelAgent) {
 		t.Error("HasSubscribers true after every subscriber left")
 	}
-	h.Publish(diag.ChannelAgent, "evict", "Counter/a", nil)
+	h.Publish(context.Background(), diag.ChannelAgent, "evict", "Counter/a", nil)
 	if len(allEvents) != 3 {
 		t.Fatal("unsubscribed wildcard still called")
 	}
@@ -75,12 +78,12 @@ func TestSubscriptionsAreIndependent(t *testing.T) {
 	fn := func(diag.Event) { n++ }
 	u1 := h.Subscribe("x", fn)
 	h.Subscribe("x", fn)
-	h.Publish("x", "t", "", nil)
+	h.Publish(context.Background(), "x", "t", "", nil)
 	if n != 2 {
 		t.Fatalf("called %d times, want 2", n)
 	}
 	u1()
-	h.Publish("x", "t", "", nil)
+	h.Publish(context.Background(), "x", "t", "", nil)
 	if n != 3 {
 		t.Fatalf("called %d times after one unsubscribe, want 3", n)
 	}
@@ -91,7 +94,7 @@ func TestSubscriptionsAreIndependent(t *testing.T) {
 func TestEventsAreLogged(t *testing.T) {
 	var buf bytes.Buffer
 	h := newHub(&buf, slog.LevelDebug)
-	h.Publish(diag.ChannelSchedule, "fire", "Counter/a", map[string]any{"method": "Tick"})
+	h.Publish(context.Background(), diag.ChannelSchedule, "fire", "Counter/a", map[string]any{"method": "Tick"})
 	out := buf.String()
 	for _, want := range []string{"msg=schedule.fire", "channel=schedule", "agent=Counter/a", "method=Tick"} {
 		if !strings.Contains(out, want) {
@@ -110,8 +113,8 @@ func TestConcurrentPublishAndUnsubscribeInCallback(t *testing.T) {
 		calls++
 		unsub()
 	})
-	h.Publish("c", "a", "", nil)
-	h.Publish("c", "b", "", nil)
+	h.Publish(context.Background(), "c", "a", "", nil)
+	h.Publish(context.Background(), "c", "b", "", nil)
 	if calls != 1 {
 		t.Fatalf("called %d times, want 1", calls)
 	}
@@ -123,7 +126,7 @@ func TestConcurrentPublishAndUnsubscribeInCallback(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 100 {
-				h.Publish("d", "e", "", nil)
+				h.Publish(context.Background(), "d", "e", "", nil)
 			}
 		})
 	}
@@ -139,8 +142,45 @@ func TestDefaultClock(t *testing.T) {
 	var got time.Time
 	defer h.Subscribe("c", func(e diag.Event) { got = e.Time })()
 	before := time.Now()
-	h.Publish("c", "t", "", nil)
+	h.Publish(context.Background(), "c", "t", "", nil)
 	if got.Before(before) || time.Since(got) > time.Minute {
 		t.Fatalf("event time %v, want about %v", got, before)
+	}
+}
+
+// TestPublishJoinsTheSpan: an event published with a context that carries
+// a recording span becomes an event of that span, and subscribers get the
+// span's context.
+func TestPublishJoinsTheSpan(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	h := diag.New(slog.New(slog.DiscardHandler), func() time.Time { return stamp })
+	var got diag.Event
+	defer h.Subscribe(diag.ChannelAgent, func(e diag.Event) { got = e })()
+	ctx, span := tp.Tracer("test").Start(context.Background(), "work")
+	h.Publish(ctx, diag.ChannelAgent, "start", "Counter/a", map[string]any{"class": "Counter", "n": 3})
+	span.End()
+	if !got.Span.Equal(span.SpanContext()) {
+		t.Fatalf("event span %v, want %v", got.Span, span.SpanContext())
+	}
+	ended := rec.Ended()
+	if len(ended) != 1 || len(ended[0].Events()) != 1 {
+		t.Fatalf("spans %v", ended)
+	}
+	ev := ended[0].Events()[0]
+	want := map[string]string{"agentry.agent": "Counter/a", "class": "Counter", "n": "3"}
+	if ev.Name != "agent.start" || len(ev.Attributes) != len(want) {
+		t.Fatalf("span event %s %v", ev.Name, ev.Attributes)
+	}
+	for _, kv := range ev.Attributes {
+		if want[string(kv.Key)] != kv.Value.String() {
+			t.Errorf("attribute %s = %s, want %s", kv.Key, kv.Value.String(), want[string(kv.Key)])
+		}
+	}
+	// Without a span nothing changes.
+	h.Publish(context.Background(), diag.ChannelAgent, "evict", "Counter/a", nil)
+	if got.Span.IsValid() {
+		t.Errorf("an event published without a span has span %v", got.Span)
 	}
 }

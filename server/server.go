@@ -142,7 +142,7 @@ func New(opts Options) *Server {
 	s := &Server{opts: opts, rt: opts.Runtime, log: opts.Logger, sockets: map[*socket]struct{}{}}
 	s.budget = &sendBudget{limit: opts.SendBudgetBytes, sockets: s.socketList, onShed: func(sk *socket, queued int64) {
 		s.log.Warn("send budget full: closed the slowest connection", "path", sk.path, "queued", queued, "budget", opts.SendBudgetBytes)
-		s.rt.Diag().Publish(diag.ChannelServer, "shed", sk.path, map[string]any{"queued": queued})
+		s.rt.Diag().Publish(s.rt.Context(), diag.ChannelServer, "shed", sk.path, map[string]any{"queued": queued})
 	}}
 	return s
 }
@@ -408,7 +408,7 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 	}
 	if s.conns >= s.opts.MaxConnections {
 		s.mu.Unlock()
-		s.rt.Diag().Publish(diag.ChannelServer, "refuse", route.Path.String(), map[string]any{"reason": "max_connections"})
+		s.rt.Diag().Publish(r.Context(), diag.ChannelServer, "refuse", route.Path.String(), map[string]any{"reason": "max_connections"})
 		unavailable(w, fmt.Sprintf("too many connections (the limit is %d), try again later", s.opts.MaxConnections))
 		return
 	}
@@ -420,7 +420,7 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 		s.conns--
 		n := s.conns
 		s.mu.Unlock()
-		s.rt.Diag().Publish(diag.ChannelServer, "close", route.Path.String(), map[string]any{"connections": n})
+		s.rt.Diag().Publish(r.Context(), diag.ChannelServer, "close", route.Path.String(), map[string]any{"connections": n})
 		s.wg.Done()
 	}()
 

@@ -4,7 +4,10 @@
 //	agentry chat [--addr 127.0.0.1:8787] [--name default] [--token T]
 //	agentry runs [--addr 127.0.0.1:8787] [--name default] [--token T] list|inspect <runId>|cancel <runId>|clear
 //
-// The token flags default to $AGENTRY_AUTH_TOKEN.
+// The token flags default to $AGENTRY_AUTH_TOKEN. serve exports traces and
+// metrics over OTLP/HTTP when the standard OpenTelemetry variables ask for
+// it (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER, …; see
+// newTelemetry); without them it exports nothing.
 package main
 
 import (
@@ -115,13 +118,26 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	}
 	logger := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level}))
 
+	tel, err := newTelemetry(ctx, getenv)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Last, after the runtime closed: flush the spans and metrics of
+		// the shutdown too.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			logger.Warn("telemetry shutdown", "err", err)
+		}
+	}()
 	db, err := sqlite.Open(ctx, filepath.Join(*data, "agentry.db"))
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay,
-		OriginPatterns: splitList(*allowOrigin), AuthToken: *token})
+		OriginPatterns: splitList(*allowOrigin), AuthToken: *token, TracerProvider: tel.Tracer, MeterProvider: tel.Meter})
 	if err != nil {
 		return err
 	}

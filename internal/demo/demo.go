@@ -12,6 +12,9 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
@@ -47,6 +50,10 @@ type Options struct {
 	// stay public: they hold no data, and the page asks for the token (or
 	// reads it from the URL fragment, #token=…) before it calls the API.
 	AuthToken string
+	// TracerProvider and MeterProvider receive the runtime's spans and
+	// metrics (agent.Options); nil means the global ones.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // Demo is a started demo runtime and its HTTP handler.
@@ -81,7 +88,8 @@ func New(ctx context.Context, o Options) (*Demo, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	rt, err := agent.New(ctx, agent.Options{DB: o.DB, Logger: logger, IdleTimeout: o.IdleTimeout})
+	rt, err := agent.New(ctx, agent.Options{DB: o.DB, Logger: logger, IdleTimeout: o.IdleTimeout,
+		TracerProvider: o.TracerProvider, MeterProvider: o.MeterProvider})
 	if err != nil {
 		return nil, err
 	}

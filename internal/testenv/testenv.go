@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/server"
@@ -48,6 +50,10 @@ type Options struct {
 	// Setup runs after the runtime is created and before it starts, to
 	// register classes that need the runtime.
 	Setup func(rt *agent.Runtime) error
+	// TracerProvider and MeterProvider for the runtime; nil means the
+	// global (no-op) ones.
+	TracerProvider trace.TracerProvider
+	MeterProvider  metric.MeterProvider
 }
 
 // Env is a running server.
@@ -78,7 +84,8 @@ func Start(t testing.TB, opts Options) *Env {
 		idle = -1
 	}
 	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: opts.Clock, IdleTimeout: idle, Logger: opts.Logger,
-		MaxCallsPerConn: opts.MaxCallsPerConn, MaxInstances: opts.MaxInstances})
+		MaxCallsPerConn: opts.MaxCallsPerConn, MaxInstances: opts.MaxInstances,
+		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider})
 	if err != nil {
 		t.Fatal(err)
 	}
