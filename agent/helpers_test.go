@@ -14,11 +14,14 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/pgtest"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+var pg pgtest.Cluster
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pg.Wrap(m)) }
 
 // waitLimit bounds every wait on a channel; it is a deadline for a broken
 // test, never a way to let time pass.

@@ -427,7 +427,7 @@ func (t *tx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
 	if err := t.begin(ctx); err != nil {
 		// A *sql.Row can only be made by database/sql: a done context
 		// carries the error to Scan.
-		return t.tx.QueryRowContext(ctx, "SELECT 1")
+		return t.tx.QueryRowContext(failedContext{err}, "SELECT 1")
 	}
 	return t.tx.QueryRowContext(context.WithoutCancel(ctx), rewrite(q), args...)
 }
@@ -446,4 +446,18 @@ func (t *tx) closeRows() {
 // rewrite is the statement PostgreSQL runs for portable q.
 func rewrite(q string) string {
 	return placeholders(dialect(q))
+}
+
+// failedContext is a done context whose Err is a given error: a *sql.Row
+// can only be made by database/sql, and this carries err to its Scan.
+type failedContext struct{ err error }
+
+func (failedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (failedContext) Value(any) any               { return nil }
+func (c failedContext) Err() error                { return c.err }
+
+func (failedContext) Done() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }
