@@ -20,9 +20,9 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/internal/pgtest"
 	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store"
 )
 
