@@ -176,7 +176,9 @@ func (w *owned) lockDDL(ctx context.Context, base string) error {
 	return err
 }
 
-func (w *owned) exists(ctx context.Context, rel string) (bool, error) { return relationExists(ctx, w.t, rel) }
+func (w *owned) exists(ctx context.Context, rel string) (bool, error) {
+	return relationExists(ctx, w.t, rel)
+}
 
 // relationExists reads pg_class with the statement's snapshot rather than
 // resolving the name (to_regclass): name lookups go through the backend's
