@@ -20,9 +20,10 @@
 //     by every instance of the class, keyed by instance: see "Instance
 //     tables" below.
 //
-// A parameter PostgreSQL cannot type from its place (SELECT ? alone, with
-// no column to take the type from) is sent as the Go value's type: see
-// Options.
+// PostgreSQL types each parameter from its place (the column it is
+// compared with or inserted into, INSERT … SELECT included). A parameter
+// with no such place (SELECT ? alone) is text there: write CAST(? AS
+// BIGINT), which both engines accept.
 //
 // # Transactions
 //
