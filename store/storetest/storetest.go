@@ -381,6 +381,10 @@ func testPlaceholders(t *testing.T, db store.DB) {
 	if n := count(t, db, `SELECT count(*) FROM t WHERE k = 'it''s?' AND v = ?`, "b"); n != 1 {
 		t.Fatalf("count %d", n)
 	}
+	// A parameter with no column to take its type from is cast.
+	if n := count(t, db, `SELECT CAST(? AS BIGINT) + 1`, int64(41)); n != 42 {
+		t.Fatalf("cast parameter: %d", n)
+	}
 }
 
 func testUpsert(t *testing.T, db store.DB) {
