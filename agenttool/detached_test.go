@@ -278,8 +278,9 @@ func (w *detOutputWorker) AgentToolOutput(ctx context.Context, runID string) (an
 func detStart(t *testing.T, k *detKit, dir string) *testenv.Env {
 	t.Helper()
 	return startEnv(t, testenv.Options{
-		Dir:   dir,
-		Clock: k.clock,
+		Postgres: &pg,
+		Dir:      dir,
+		Clock:    k.clock,
 		Classes: []agent.Class{
 			{Name: "DetParent", New: func() agent.Agent { return &detParent{k: k} }, Public: true},
 			{Name: "DetFmtParent", New: func() agent.Agent { return &detFmtParent{detParent{k: k}} }, Public: true},
@@ -659,7 +660,10 @@ func TestDetachedDispatch(t *testing.T) {
 		t.Fatalf("terminal frames = %+v", tf)
 	}
 
-	// The tick finds nothing outstanding: the backbone goes quiet.
+	// The tick finds nothing outstanding: the backbone goes quiet. (The
+	// delivered mark commits after OnDone returned: wait for it, or the
+	// tick may still see the delivery outstanding.)
+	d.wait(t, ctx, "delivered mark", diag.ChannelAgentTool, "detached:delivered", detAttr("runId", "d1"))
 	detTickNext(t, ctx, k, d, p)
 	if rs := detReconciles(t, p); len(rs) != 0 {
 		t.Fatalf("reconcile still scheduled after everything was delivered: %+v", rs)

@@ -94,6 +94,7 @@ var imports = map[string]string{
 	"scripted":   "github.com/agentry/agentry/model/scripted",
 	"server":     "github.com/agentry/agentry/server",
 	"sqlite":     "github.com/agentry/agentry/store/sqlite",
+	"postgres":   "github.com/agentry/agentry/store/postgres",
 	"store":      "github.com/agentry/agentry/store",
 	"jsonschema": "github.com/google/jsonschema-go/jsonschema",
 	"context":    "context",
