@@ -38,13 +38,13 @@ func TestChatBackground(t *testing.T) {
 	env := startServer(t, nil)
 	c := startChat(t, env, false)
 	c.say(t, "Research solar panels in the background")
-	c.out.waitFor(t, `^▸ \[1\] Background researcher started in the background · run agent-tool:\S+`)
-	c.out.waitFor(t, `^✓ \[1\] Background researcher \[##########\] 100% completed`)
+	c.out.waitFor(t, `^▸ \[1\] Researcher started in the background · run agent-tool:\S+ · "solar panels"$`)
+	c.out.waitFor(t, `^✓ \[1\] Researcher \[##########\] 100% completed`)
 	// The notice and the turn it causes may reach the client in either
 	// order.
 	c.out.waitAll(t,
-		`^notice: Background task "Researcher" \(run agent-tool:\S+\) finished:$`,
-		`^assistant> Your background research is done\.`)
+		`^notice: Background research on "solar panels" finished:$`,
+		`^assistant> Your background research on "solar panels" is done\.`)
 	all := c.exit(t)
 	if !strings.Contains(all, "I started the research in the background") {
 		t.Errorf("no dispatch answer:\n%s", all)
