@@ -146,6 +146,7 @@ type socket struct {
 	readDone  chan struct{} // closed when its reading goroutine returns
 	identSeen bool          // under Conn.mu
 	readyDone bool          // under Conn.mu
+	ended     bool          // under Conn.mu: its reading goroutine is done reading
 	err       error         // why it ended; set before readDone closes
 }
 
@@ -268,6 +269,13 @@ func (c *Conn) connect(ctx context.Context) error {
 	if c.closing {
 		c.mu.Unlock()
 		return abandon(ErrClosed)
+	}
+	if sk.ended {
+		// Lost before it became current: its reading goroutine saw no
+		// current socket to replace, so this attempt failed.
+		c.mu.Unlock()
+		<-sk.readDone
+		return sk.err
 	}
 	c.sock = sk
 	close(c.up)
@@ -554,6 +562,7 @@ func (c *Conn) readLoop(sk *socket) {
 	err = closeErrorOf(err)
 	sk.err = err
 	c.mu.Lock()
+	sk.ended = true
 	current := c.sock == sk
 	if current {
 		c.sock = nil

@@ -40,10 +40,11 @@ type Reconnect struct {
 	// Clock measures the delays; nil means the real clock.
 	Clock clockwork.Clock
 	// OnDisconnect, when set, is called with the error of a lost socket
-	// before the Conn reconnects.
+	// before the Conn reconnects, on the socket's reading goroutine: it
+	// must not block or call Close.
 	OnDisconnect func(err error)
 	// OnReconnect, when set, is called when a new socket is up, before the
-	// chat's turns in flight are resumed.
+	// chat's turns in flight are resumed; it must not block or call Close.
 	OnReconnect func()
 }
 
