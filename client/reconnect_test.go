@@ -3,7 +3,6 @@ package client_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -60,7 +59,10 @@ type proxy struct {
 	mu     sync.Mutex
 	conns  []net.Conn
 	refuse bool
+	drop   bool // client-to-server bytes are dropped (a request lost on the way)
 	wg     sync.WaitGroup
+	// dropped receives the size of each read dropped.
+	dropped chan int
 }
 
 func startProxy(t *testing.T, target string) *proxy {
@@ -69,7 +71,7 @@ func startProxy(t *testing.T, target string) *proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proxy{t: t, ln: ln, target: target}
+	p := &proxy{t: t, ln: ln, target: target, dropped: make(chan int, 64)}
 	p.wg.Go(p.accept)
 	t.Cleanup(p.close)
 	return p
@@ -97,13 +99,32 @@ func (p *proxy) accept() {
 		}
 		p.conns = append(p.conns, in, out)
 		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			io.Copy(dst, src)
-			dst.Close()
-			src.Close()
+		pipe := func(dst, src net.Conn, droppable bool) {
+			defer dst.Close()
+			defer src.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := src.Read(buf)
+				if n > 0 {
+					p.mu.Lock()
+					drop := droppable && p.drop
+					p.mu.Unlock()
+					if drop {
+						select {
+						case p.dropped <- n:
+						default:
+						}
+					} else if _, err := dst.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
 		}
-		p.wg.Go(func() { pipe(out, in) })
-		p.wg.Go(func() { pipe(in, out) })
+		p.wg.Go(func() { pipe(out, in, true) })
+		p.wg.Go(func() { pipe(in, out, false) })
 	}
 }
 
@@ -115,6 +136,12 @@ func (p *proxy) cut() {
 		c.Close()
 	}
 	p.conns = nil
+}
+
+func (p *proxy) setDrop(v bool) {
+	p.mu.Lock()
+	p.drop = v
+	p.mu.Unlock()
 }
 
 func (p *proxy) setRefuse(v bool) {
@@ -250,6 +277,39 @@ func TestReconnectAfterTurnEnded(t *testing.T) {
 	r, err := s.Wait(ctx)
 	if err != nil || r.Outcome != client.OutcomeCompleted || chat.MessageText(r.Message) != "You said: finish without me" {
 		t.Fatalf("turn replayed from storage = %+v, %v", r, err)
+	}
+}
+
+// TestReconnectResendsLostRequest: a turn whose request never reached the
+// server (the network dropped it) is sent again on the new socket, once:
+// the server runs it once and the stream ends with its answer.
+func TestReconnectResendsLostRequest(t *testing.T) {
+	env := start(t, nil)
+	ctx := testCtx(t)
+	p := startProxy(t, env.Host)
+	o, lost, back := reconnecting(p, clockwork.NewFakeClock(), client.Options{Agent: "EchoChat", Name: "lost-request"})
+	c, err := client.Dial(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p.setDrop(true)
+	s, err := c.Chat().Send(ctx, "did you get this?")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv(t, ctx, p.dropped, "dropped request")
+	p.setDrop(false)
+	p.cut()
+	recv(t, ctx, lost, "disconnect")
+	recv(t, ctx, back, "reconnect")
+	r, err := s.Wait(ctx)
+	if err != nil || r.Outcome != client.OutcomeCompleted || chat.MessageText(r.Message) != "You said: did you get this?" {
+		t.Fatalf("resent turn = %+v, %v", r, err)
+	}
+	msgs, err := c.Chat().Messages(ctx)
+	if err != nil || len(msgs) != 2 {
+		t.Fatalf("server transcript = %+v, %v; want the turn once", msgs, err)
 	}
 }
 
