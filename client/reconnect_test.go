@@ -3,7 +3,6 @@ package client_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"sync"
 	"testing"
@@ -49,119 +48,12 @@ func TestTranscriptReadyOnDial(t *testing.T) {
 	}
 }
 
-// proxy forwards TCP connections to target; Cut drops those open (a lost
-// network: no close frame), Refuse makes it drop new ones at once.
-type proxy struct {
-	t      *testing.T
-	ln     net.Listener
-	target string
-
-	mu     sync.Mutex
-	conns  []net.Conn
-	refuse bool
-	drop   bool // client-to-server bytes are dropped (a request lost on the way)
-	wg     sync.WaitGroup
-	// dropped receives the size of each read dropped.
-	dropped chan int
-}
-
-func startProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{t: t, ln: ln, target: target, dropped: make(chan int, 64)}
-	p.wg.Go(p.accept)
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *proxy) addr() string { return p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.refuse {
-			p.mu.Unlock()
-			in.Close()
-			continue
-		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			in.Close()
-			continue
-		}
-		p.conns = append(p.conns, in, out)
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn, droppable bool) {
-			defer dst.Close()
-			defer src.Close()
-			buf := make([]byte, 32<<10)
-			for {
-				n, err := src.Read(buf)
-				if n > 0 {
-					p.mu.Lock()
-					drop := droppable && p.drop
-					p.mu.Unlock()
-					if drop {
-						select {
-						case p.dropped <- n:
-						default:
-						}
-					} else if _, err := dst.Write(buf[:n]); err != nil {
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}
-		p.wg.Go(func() { pipe(out, in, true) })
-		p.wg.Go(func() { pipe(in, out, false) })
-	}
-}
-
-// cut drops every open connection.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
-func (p *proxy) setDrop(v bool) {
-	p.mu.Lock()
-	p.drop = v
-	p.mu.Unlock()
-}
-
-func (p *proxy) setRefuse(v bool) {
-	p.mu.Lock()
-	p.refuse = v
-	p.mu.Unlock()
-}
-
-func (p *proxy) close() {
-	p.ln.Close()
-	p.cut()
-	p.wg.Wait()
-}
-
 // reconnecting returns Options that reconnect through p on rclk (first
 // attempt at once, then every second of rclk), with channels that receive
 // each disconnect and reconnect.
-func reconnecting(p *proxy, rclk clockwork.Clock, o client.Options) (client.Options, chan error, chan struct{}) {
+func reconnecting(p *testenv.Proxy, rclk clockwork.Clock, o client.Options) (client.Options, chan error, chan struct{}) {
 	lost, back := make(chan error, 8), make(chan struct{}, 8)
-	o.Host = p.addr()
+	o.Host = p.Addr()
 	o.Reconnect = &client.Reconnect{MinDelay: time.Second, Growth: 1, Clock: rclk,
 		OnDisconnect: func(err error) { lost <- err }, OnReconnect: func() { back <- struct{}{} }}
 	return o, lost, back
@@ -186,7 +78,7 @@ func TestReconnectResumesTurn(t *testing.T) {
 	clk := clockwork.NewFakeClock()
 	env := start(t, clk)
 	ctx := testCtx(t)
-	p := startProxy(t, env.Host)
+	p := testenv.StartProxy(t, env.Host)
 	o, lost, back := reconnecting(p, clockwork.NewFakeClock(), client.Options{Agent: "EchoChat", Name: "drop"})
 	c, err := client.Dial(ctx, o)
 	if err != nil {
@@ -194,7 +86,7 @@ func TestReconnectResumesTurn(t *testing.T) {
 	}
 	defer c.Close()
 	s := streamOnFakeClock(t, ctx, c, "survive a network drop")
-	p.cut()
+	p.Cut()
 	var ce *client.CloseError
 	if err := recv(t, ctx, lost, "disconnect"); !errors.As(err, &ce) || ce.Terminal() {
 		t.Fatalf("disconnect error %v, want a non-terminal CloseError", err)
@@ -240,7 +132,7 @@ func TestReconnectAfterTurnEnded(t *testing.T) {
 		}
 	})
 	defer unsub()
-	p := startProxy(t, env.Host)
+	p := testenv.StartProxy(t, env.Host)
 	rclk := clockwork.NewFakeClock()
 	o, lost, back := reconnecting(p, rclk, client.Options{Agent: "EchoChat", Name: "away"})
 	c, err := client.Dial(ctx, o)
@@ -249,8 +141,8 @@ func TestReconnectAfterTurnEnded(t *testing.T) {
 	}
 	defer c.Close()
 	s := streamOnFakeClock(t, ctx, c, "finish without me")
-	p.setRefuse(true)
-	p.cut()
+	p.SetRefuse(true)
+	p.Cut()
 	recv(t, ctx, lost, "disconnect")
 	// The immediate attempt fails; the next one waits a second of rclk.
 	if err := rclk.BlockUntilContext(ctx, 1); err != nil {
@@ -271,7 +163,7 @@ func TestReconnectAfterTurnEnded(t *testing.T) {
 	if _, ok := s.Result(); ok {
 		t.Fatal("the stream ended while the client was away")
 	}
-	p.setRefuse(false)
+	p.SetRefuse(false)
 	rclk.Advance(time.Second)
 	recv(t, ctx, back, "reconnect")
 	r, err := s.Wait(ctx)
@@ -286,21 +178,21 @@ func TestReconnectAfterTurnEnded(t *testing.T) {
 func TestReconnectResendsLostRequest(t *testing.T) {
 	env := start(t, nil)
 	ctx := testCtx(t)
-	p := startProxy(t, env.Host)
+	p := testenv.StartProxy(t, env.Host)
 	o, lost, back := reconnecting(p, clockwork.NewFakeClock(), client.Options{Agent: "EchoChat", Name: "lost-request"})
 	c, err := client.Dial(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	p.setDrop(true)
+	p.SetDrop(true)
 	s, err := c.Chat().Send(ctx, "did you get this?")
 	if err != nil {
 		t.Fatal(err)
 	}
-	recv(t, ctx, p.dropped, "dropped request")
-	p.setDrop(false)
-	p.cut()
+	recv(t, ctx, p.Dropped, "dropped request")
+	p.SetDrop(false)
+	p.Cut()
 	recv(t, ctx, lost, "disconnect")
 	recv(t, ctx, back, "reconnect")
 	r, err := s.Wait(ctx)
@@ -329,7 +221,7 @@ func TestReconnectRefused(t *testing.T) {
 		}
 	})
 	ctx := testCtx(t)
-	p := startProxy(t, env.Host)
+	p := testenv.StartProxy(t, env.Host)
 	o, lost, _ := reconnecting(p, clockwork.NewFakeClock(), client.Options{Agent: "Counter", Name: "refused"})
 	c, err := client.Dial(ctx, o)
 	if err != nil {
@@ -339,7 +231,7 @@ func TestReconnectRefused(t *testing.T) {
 	mu.Lock()
 	refuse = true
 	mu.Unlock()
-	p.cut()
+	p.Cut()
 	recv(t, ctx, lost, "disconnect")
 	select {
 	case <-c.Done():
@@ -360,15 +252,15 @@ func TestReconnectRefused(t *testing.T) {
 func TestReconnectClose(t *testing.T) {
 	env := start(t, nil)
 	ctx := testCtx(t)
-	p := startProxy(t, env.Host)
+	p := testenv.StartProxy(t, env.Host)
 	rclk := clockwork.NewFakeClock()
 	o, lost, _ := reconnecting(p, rclk, client.Options{Agent: "Counter", Name: "close"})
 	c, err := client.Dial(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.setRefuse(true)
-	p.cut()
+	p.SetRefuse(true)
+	p.Cut()
 	recv(t, ctx, lost, "disconnect")
 	if err := rclk.BlockUntilContext(ctx, 1); err != nil {
 		t.Fatal(err)
