@@ -167,6 +167,14 @@ async function run() {
   step("research");
   const page = await openPage(fastBase, user);
   await page.getByTestId("empty").waitFor();
+  // The bundle is served gzip-compressed to the browser.
+  {
+    const encodings = await page.evaluate(async () => {
+      const urls = [...document.querySelectorAll("script[src], link[rel=stylesheet]")].map((e) => e.src || e.href);
+      return Promise.all(urls.map(async (u) => (await fetch(u, { cache: "no-store" })).headers.get("content-encoding")));
+    });
+    assert.ok(encodings.length >= 2 && encodings.every((e) => e === "gzip"), `asset encodings ${JSON.stringify(encodings)}`);
+  }
   await watch(page);
   await send(page, "Research quantum computing");
   const research = helperPanels(page, "research");
@@ -361,6 +369,13 @@ async function run() {
   // Wait for real progress (a phase chip and a fraction) before cancelling.
   await slowRun.getByTestId("phase-chip").waitFor();
   await slow.waitForFunction(() => Number(document.querySelector("[data-testid=background-run] [data-testid=progress]")?.dataset.pct) > 0);
+  // The bar shows the fraction its label shows, at once (no transition
+  // that lags it).
+  {
+    const bar = await slowRun.locator(".progress-fill").evaluate((e) => ({ width: e.style.width, transition: getComputedStyle(e).transitionDuration }));
+    const pct = await slowRun.getByTestId("progress").getAttribute("data-pct");
+    assert.deepEqual(bar, { width: `${pct}%`, transition: "0s" });
+  }
   await shot(slow, "background-running");
   await slowRun.getByTestId("cancel-run").click();
   await slowRun.and(slow.locator("[data-status=aborted]")).waitFor();
