@@ -105,15 +105,21 @@ func (ch *Chat) markKnown() {
 	}
 }
 
-// awaitTranscript waits until the current socket has delivered the
-// transcript (an Agentry chat agent sends it with the connect frames) or,
-// if it has not by now, until GET …/get-messages answers, whichever comes
-// first. An agent without a chat answers the GET with an error and counts
-// as an empty chat. It returns early when the socket ends (lost closed).
-func (ch *Chat) awaitTranscript(ctx context.Context, lost <-chan struct{}) error {
+// awaitTranscript waits, when chat is set or this client has turns in
+// flight (a reconnect must know which of them the server has), until the
+// current socket has delivered the transcript (an Agentry chat agent sends
+// it with the connect frames) or, if it has not by now, until
+// GET …/get-messages answers, whichever comes first. An agent without a
+// chat answers the GET with an error and counts as an empty chat. It
+// returns early when the socket ends (lost closed).
+func (ch *Chat) awaitTranscript(ctx context.Context, lost <-chan struct{}, chat bool) error {
 	ch.mu.Lock()
 	known := ch.sockKnown
+	inFlight := len(ch.streams) > 0
 	ch.mu.Unlock()
+	if !chat && !inFlight {
+		return nil
+	}
 	select {
 	case <-known:
 		return nil
@@ -149,6 +155,7 @@ func (ch *Chat) awaitTranscript(ctx context.Context, lost <-chan struct{}) error
 		}
 		ch.mu.Lock()
 		if !ch.sockKnownOK {
+			ch.markAccepted(a.msgs)
 			ch.messages = ch.keepInFlight(a.msgs)
 			ch.markKnown()
 		}

@@ -79,6 +79,13 @@ type Options struct {
 	HTTPClient *http.Client
 	// MaxFrameBytes limits one frame from the server; zero means 32 MiB.
 	MaxFrameBytes int64
+	// Chat says the agent is a chat agent: Dial returns only once its
+	// transcript is known (the frame an Agentry server sends with the
+	// connect frames, else GET …/get-messages, as useAgentChat fetches it),
+	// so Chat().Transcript() is ready when Dial returns. Without it, Dial
+	// returns after the identity and the transcript arrives a moment
+	// later (Chat.SendMessage fetches it if it has not).
+	Chat bool
 	// Reconnect, when set, makes the Conn reconnect when its socket is
 	// lost, and resume its chat turns (see Reconnect). Nil means a Conn
 	// ends with its first socket.
@@ -152,11 +159,10 @@ type socket struct {
 
 // Dial connects to the agent instance that opts address and returns once
 // the server identified it (cf_agent_identity, and the state frame when the
-// identity says one follows) and the chat transcript is known: the one the
-// server sends on connect, or, when none has arrived by then, the one
-// GET …/get-messages answers (an agent without a chat answers with an
-// error and counts as an empty chat, as for useAgentChat). So
-// Chat().Transcript() is ready when Dial returns.
+// identity says one follows) and, with Options.Chat, the chat transcript is
+// known: the one the server sends on connect, or, when none has arrived by
+// then, the one GET …/get-messages answers (an agent without a chat answers
+// with an error and counts as an empty chat, as for useAgentChat).
 //
 // A refused upgrade is reported as an *HTTPError with the response's
 // status; a socket the server closes before identifying it as a
@@ -257,7 +263,7 @@ func (c *Conn) connect(ctx context.Context) error {
 	case <-ctx.Done():
 		return abandon(fmt.Errorf("waiting for identity: %w", ctx.Err()))
 	}
-	if err := c.chat.awaitTranscript(ctx, sk.readDone); err != nil {
+	if err := c.chat.awaitTranscript(ctx, sk.readDone, c.opts.Chat); err != nil {
 		select {
 		case <-sk.readDone:
 			return sk.err

@@ -22,7 +22,7 @@ import (
 func TestTranscriptReadyOnDial(t *testing.T) {
 	env := start(t, nil)
 	ctx := testCtx(t)
-	c := dial(t, env, client.Options{Agent: "EchoChat", Name: "ready"})
+	c := dial(t, env, client.Options{Agent: "EchoChat", Name: "ready", Chat: true})
 	s, err := c.Chat().Send(ctx, "remember me")
 	if err != nil {
 		t.Fatal(err)
@@ -31,7 +31,7 @@ func TestTranscriptReadyOnDial(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 20 {
-		c2, err := client.Dial(ctx, client.Options{Host: env.Host, Agent: "EchoChat", Name: "ready"})
+		c2, err := client.Dial(ctx, client.Options{Host: env.Host, Agent: "EchoChat", Name: "ready", Chat: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,8 +41,8 @@ func TestTranscriptReadyOnDial(t *testing.T) {
 			t.Fatalf("dial %d: transcript right after Dial = %+v, want the 2 messages", i, tr)
 		}
 	}
-	// An agent without a chat dials as before, with an empty transcript.
-	cc := dial(t, env, client.Options{Agent: "Counter", Name: "ready"})
+	// An agent without a chat counts as an empty one.
+	cc := dial(t, env, client.Options{Agent: "Counter", Name: "ready", Chat: true})
 	if tr := cc.Chat().Transcript(); len(tr) != 0 {
 		t.Errorf("Counter transcript = %+v", tr)
 	}
@@ -53,7 +53,7 @@ func TestTranscriptReadyOnDial(t *testing.T) {
 // each disconnect and reconnect.
 func reconnecting(p *testenv.Proxy, rclk clockwork.Clock, o client.Options) (client.Options, chan error, chan struct{}) {
 	lost, back := make(chan error, 8), make(chan struct{}, 8)
-	o.Host = p.Addr()
+	o.Host, o.Chat = p.Addr(), true
 	o.Reconnect = &client.Reconnect{MinDelay: time.Second, Growth: 1, Clock: rclk,
 		OnDisconnect: func(err error) { lost <- err }, OnReconnect: func() { back <- struct{}{} }}
 	return o, lost, back

@@ -77,7 +77,7 @@ func chatSession(ctx context.Context, args []string, in io.Reader, out io.Writer
 	q := newFrameQueue()
 	// An interrupt while connecting gives up.
 	sctx, stopSetup := interruptible(ctx, intr)
-	conn, err := cf.dial(sctx, client.Options{OnFrame: q.push, Reconnect: &client.Reconnect{
+	conn, err := cf.dial(sctx, client.Options{OnFrame: q.push, Chat: true, Reconnect: &client.Reconnect{
 		OnDisconnect: func(err error) {
 			b, _ := json.Marshal(err.Error())
 			q.push(client.Frame{Type: frameLost, Data: b})
