@@ -57,13 +57,23 @@ type Chat struct {
 	messages []message.Message
 	// known is set once the transcript came from the server (a
 	// cf_agent_chat_messages or clear frame, or Messages).
-	known   bool
+	known bool
+	// sockKnown is closed once the current socket delivered a transcript
+	// (or Dial fetched one); beginSocket replaces it.
+	sockKnown   chan struct{}
+	sockKnownOK bool
+	// offered are the turns in flight the current socket's server offered
+	// to resume (cf_agent_stream_resuming without a probe id).
+	offered map[string]bool
 	streams map[string]*Stream
 	probes  map[string]chan probeAnswer
 	// resumeWait receives stream offers without a probe id, for a Resume
 	// whose probe was answered "pending".
 	resumeWait chan probeAnswer
-	err        error
+	// resuming is set after a reconnect while turns in flight wait for
+	// their offer: offers are then acknowledged as they arrive.
+	resuming bool
+	err      error
 }
 
 type probeAnswer struct {
@@ -72,7 +82,90 @@ type probeAnswer struct {
 }
 
 func newChat(c *Conn) *Chat {
-	return &Chat{c: c, streams: map[string]*Stream{}, probes: map[string]chan probeAnswer{}}
+	return &Chat{c: c, streams: map[string]*Stream{}, probes: map[string]chan probeAnswer{},
+		sockKnown: make(chan struct{}), offered: map[string]bool{}}
+}
+
+// beginSocket is called before a new socket's frames are read.
+func (ch *Chat) beginSocket() {
+	ch.mu.Lock()
+	ch.sockKnown, ch.sockKnownOK = make(chan struct{}), false
+	ch.offered = map[string]bool{}
+	ch.resuming = false
+	ch.mu.Unlock()
+}
+
+// markKnown records that the current socket delivered the transcript;
+// ch.mu is held.
+func (ch *Chat) markKnown() {
+	ch.known = true
+	if !ch.sockKnownOK {
+		ch.sockKnownOK = true
+		close(ch.sockKnown)
+	}
+}
+
+// awaitTranscript waits, when chat is set or this client has turns in
+// flight (a reconnect must know which of them the server has), until the
+// current socket has delivered the transcript (an Agentry chat agent sends
+// it with the connect frames) or, if it has not by now, until
+// GET …/get-messages answers, whichever comes first. An agent without a
+// chat answers the GET with an error and counts as an empty chat. It
+// returns early when the socket ends (lost closed).
+func (ch *Chat) awaitTranscript(ctx context.Context, lost <-chan struct{}, chat bool) error {
+	ch.mu.Lock()
+	known := ch.sockKnown
+	inFlight := len(ch.streams) > 0
+	ch.mu.Unlock()
+	if !chat && !inFlight {
+		return nil
+	}
+	select {
+	case <-known:
+		return nil
+	default:
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type answer struct {
+		msgs []message.Message
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		msgs, err := ch.Messages(fctx)
+		got <- answer{msgs, err}
+	}()
+	select {
+	case <-known:
+		cancel()
+		<-got
+		return nil
+	case a := <-got:
+		var he *HTTPError
+		switch {
+		case a.err == nil:
+		case errors.As(a.err, &he):
+			a.msgs = nil // no chat: an empty one
+		case ctx.Err() != nil:
+			return fmt.Errorf("waiting for the transcript: %w", ctx.Err())
+		default:
+			// The transcript stays unknown: SendMessage fetches it.
+			return nil
+		}
+		ch.mu.Lock()
+		if !ch.sockKnownOK {
+			ch.markAccepted(a.msgs)
+			ch.messages = ch.keepInFlight(a.msgs)
+			ch.markKnown()
+		}
+		ch.mu.Unlock()
+		return nil
+	case <-lost:
+		return errors.New("connection lost while waiting for the transcript")
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the transcript: %w", ctx.Err())
+	}
 }
 
 // Chat returns the connection's chat client. It follows the chat frames
@@ -160,12 +253,24 @@ func (ch *Chat) SendMessage(ctx context.Context, m message.Message) (*Stream, er
 		Method string `json:"method"`
 		Body   string `json:"body"`
 	}
-	req := struct {
+	req, err := json.Marshal(struct {
 		ID   string `json:"id"`
 		Init init   `json:"init"`
 		Type string `json:"type"`
-	}{id, init{http.MethodPost, string(body)}, frameChatRequest}
-	if err := ch.c.Send(ctx, req); err != nil {
+	}{id, init{http.MethodPost, string(body)}, frameChatRequest})
+	if err != nil {
+		ch.forget(id)
+		return nil, fmt.Errorf("client: chat send: encode request: %w", err)
+	}
+	sk, err := ch.c.socketFor(ctx)
+	if err != nil {
+		ch.forget(id)
+		return nil, fmt.Errorf("client: chat send: %w", err)
+	}
+	ch.mu.Lock()
+	s.request, s.sentOn = req, sk
+	ch.mu.Unlock()
+	if err := ch.c.writeOn(ctx, sk, req); err != nil {
 		ch.forget(id)
 		return nil, fmt.Errorf("client: chat send: %w", err)
 	}
@@ -345,8 +450,9 @@ type responseFrame struct {
 	Outcome        string   `json:"outcome"`
 }
 
-// handleFrame applies one chat frame; other frames are ignored.
-func (ch *Chat) handleFrame(typ string, data []byte) {
+// handleFrame applies one chat frame of the socket sk; other frames are
+// ignored.
+func (ch *Chat) handleFrame(sk *socket, typ string, data []byte) {
 	switch typ {
 	case frameChatResponse:
 		var f responseFrame
@@ -355,8 +461,11 @@ func (ch *Chat) handleFrame(typ string, data []byte) {
 		}
 		ch.mu.Lock()
 		s := ch.streams[f.ID]
-		if s != nil && f.Done {
-			delete(ch.streams, f.ID)
+		if s != nil {
+			s.accepted = true
+			if f.Done {
+				delete(ch.streams, f.ID)
+			}
 		}
 		ch.mu.Unlock()
 		if s != nil {
@@ -370,11 +479,14 @@ func (ch *Chat) handleFrame(typ string, data []byte) {
 			return
 		}
 		ch.mu.Lock()
-		ch.messages, ch.known = ch.keepInFlight(f.Messages), true
+		ch.markAccepted(f.Messages)
+		ch.messages = ch.keepInFlight(f.Messages)
+		ch.markKnown()
 		ch.mu.Unlock()
 	case frameChatClear:
 		ch.mu.Lock()
-		ch.messages, ch.known = nil, true
+		ch.messages = nil
+		ch.markKnown()
 		ch.mu.Unlock()
 	case frameMsgUpdated:
 		var f struct {
@@ -396,6 +508,17 @@ func (ch *Chat) handleFrame(typ string, data []byte) {
 		}
 		ch.mu.Lock()
 		dst := ch.probes[f.ProbeID]
+		ack := false
+		if s := ch.streams[f.ID]; s != nil {
+			s.accepted = true
+			if f.ProbeID == "" && typ == frameResuming {
+				// An offer of one of this client's turns: on connect
+				// (resumeAll acknowledges it), or once a turn that was
+				// pending started (acknowledged here).
+				ack = ch.resuming && !ch.offered[f.ID]
+				ch.offered[f.ID] = true
+			}
+		}
 		if f.ProbeID == "" {
 			dst = nil
 			if typ == frameResuming {
@@ -403,10 +526,29 @@ func (ch *Chat) handleFrame(typ string, data []byte) {
 			}
 		}
 		ch.mu.Unlock()
+		if ack {
+			ch.c.goAck(sk, f.ID)
+		}
 		if dst != nil {
 			select {
 			case dst <- probeAnswer{typ: typ, id: f.ID}:
 			default:
+			}
+		}
+	}
+}
+
+// markAccepted records which turns in flight the server has accepted: those
+// whose user message msgs holds. ch.mu is held.
+func (ch *Chat) markAccepted(msgs []message.Message) {
+	for _, s := range ch.streams {
+		if s.userMsg.ID == "" || s.accepted {
+			continue
+		}
+		for _, m := range msgs {
+			if m.ID == s.userMsg.ID {
+				s.accepted = true
+				break
 			}
 		}
 	}
@@ -525,6 +667,12 @@ type Stream struct {
 	ch      *Chat
 	id      string
 	userMsg message.Message // the message this client sent, if any
+	// request is the request frame this client sent, for a resend after a
+	// reconnect; accepted is set once the server showed it has the turn.
+	// Both are guarded by Chat.mu.
+	request  []byte
+	sentOn   *socket
+	accepted bool
 
 	mu           sync.Mutex
 	queue        []message.Chunk

@@ -4,12 +4,13 @@
 // (plain and streaming), observes every frame the server sends, and drives
 // the chat protocol (see Chat).
 //
-// A Conn is one WebSocket. It does not reconnect: when the server closes
-// the socket, or the network drops it, the Conn ends with a *CloseError and
-// every call in flight fails with it. Dial again to reconnect; a chat turn
-// still streaming can then be picked up with Chat.Resume. Close codes 1008
-// and 4000–4999 mean the server refused the client for good (CloseError's
-// Terminal reports it); the npm clients stop retrying on them.
+// By default a Conn is one WebSocket: when the server closes the socket, or
+// the network drops it, the Conn ends with a *CloseError and every call in
+// flight fails with it. With Options.Reconnect it reconnects like the npm
+// clients, with growing delays, and resumes its chat turns in flight from
+// the chunks the server stored. Close codes 1008 and 4000–4999 mean the
+// server refused the client for good (CloseError's Terminal reports it);
+// the npm clients stop retrying on them, and so does a Conn.
 //
 // The reducer of agent-tool events (the Go twin of useAgentToolEvents) is in
 // package client/agenttools.
@@ -78,6 +79,17 @@ type Options struct {
 	HTTPClient *http.Client
 	// MaxFrameBytes limits one frame from the server; zero means 32 MiB.
 	MaxFrameBytes int64
+	// Chat says the agent is a chat agent: Dial returns only once its
+	// transcript is known (the frame an Agentry server sends with the
+	// connect frames, else GET …/get-messages, as useAgentChat fetches it),
+	// so Chat().Transcript() is ready when Dial returns. Without it, Dial
+	// returns after the identity and the transcript arrives a moment
+	// later (Chat.SendMessage fetches it if it has not).
+	Chat bool
+	// Reconnect, when set, makes the Conn reconnect when its socket is
+	// lost, and resume its chat turns (see Reconnect). Nil means a Conn
+	// ends with its first socket.
+	Reconnect *Reconnect
 
 	// OnFrame, when set, is called for every text frame the server sends,
 	// starting with the identity frame, after the Conn has applied it
@@ -106,41 +118,56 @@ type Frame struct {
 	Data json.RawMessage
 }
 
-// Conn is a WebSocket connection to one agent instance. Its methods are safe
-// for concurrent use.
+// Conn is a connection to one agent instance: one WebSocket, or, with
+// Options.Reconnect, a series of them. Its methods are safe for concurrent
+// use.
 type Conn struct {
-	ws       *websocket.Conn
 	opts     Options
 	id       string
+	wsURL    string // full URL of the socket, query included
 	httpBase string // http(s) URL of the instance, without query
 	query    url.Values
 
-	ctx      context.Context // the reading goroutine's; canceled by Close
-	cancel   context.CancelFunc
-	readDone chan struct{}
-	ready    chan struct{}
-	done     chan struct{}
+	ctx    context.Context // the connection's life; canceled by Close
+	cancel context.CancelFunc
+	loops  sync.WaitGroup // reading goroutines and the reconnect loop
+	done   chan struct{}
 
-	mu        sync.Mutex
-	identity  Identity
-	identSeen bool
-	readyDone bool
-	state     json.RawMessage
-	err       error
-	calls     map[string]*call
-	subs      map[*Subscription]struct{}
-	closing   bool
+	mu       sync.Mutex
+	sock     *socket       // the current socket; nil while reconnecting
+	up       chan struct{} // closed when sock is set; replaced when it is lost
+	identity Identity
+	state    json.RawMessage
+	err      error
+	calls    map[string]*call
+	subs     map[*Subscription]struct{}
+	closing  bool
 
 	chat *Chat
 }
 
+// socket is one WebSocket of a Conn and what its connect frames said.
+type socket struct {
+	ws        *websocket.Conn
+	ready     chan struct{} // closed once identity (and state) arrived
+	readDone  chan struct{} // closed when its reading goroutine returns
+	identSeen bool          // under Conn.mu
+	readyDone bool          // under Conn.mu
+	ended     bool          // under Conn.mu: its reading goroutine is done reading
+	err       error         // why it ended; set before readDone closes
+}
+
 // Dial connects to the agent instance that opts address and returns once
 // the server identified it (cf_agent_identity, and the state frame when the
-// identity says one follows).
+// identity says one follows) and, with Options.Chat, the chat transcript is
+// known: the one the server sends on connect, or, when none has arrived by
+// then, the one GET …/get-messages answers (an agent without a chat answers
+// with an error and counts as an empty chat, as for useAgentChat).
 //
 // A refused upgrade is reported as an *HTTPError with the response's
 // status; a socket the server closes before identifying it as a
-// *CloseError.
+// *CloseError. Dial does not retry; with Options.Reconnect, a Conn that
+// was established reconnects when its socket is lost.
 func Dial(ctx context.Context, opts Options) (*Conn, error) {
 	if opts.Agent == "" {
 		return nil, errors.New("client: dial: Options.Agent is required")
@@ -160,16 +187,46 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 		h.Set("Authorization", "Bearer "+opts.Token)
 		opts.Header = h
 	}
+	if r := opts.Reconnect; r != nil {
+		rc := r.withDefaults()
+		opts.Reconnect = &rc
+	}
 	q := url.Values{"_pk": {opts.ID}}
 	for k, vs := range opts.Query {
 		if k != "_pk" {
 			q[k] = vs
 		}
 	}
-	full := wsURL + "?" + q.Encode()
-	ws, resp, err := websocket.Dial(ctx, full, &websocket.DialOptions{
-		HTTPClient: opts.HTTPClient,
-		HTTPHeader: opts.Header,
+	rctx, cancel := context.WithCancel(context.Background())
+	c := &Conn{
+		opts:     opts,
+		id:       opts.ID,
+		wsURL:    wsURL + "?" + q.Encode(),
+		httpBase: httpBase,
+		query:    opts.Query,
+		ctx:      rctx,
+		cancel:   cancel,
+		up:       make(chan struct{}),
+		done:     make(chan struct{}),
+		calls:    map[string]*call{},
+		subs:     map[*Subscription]struct{}{},
+	}
+	c.chat = newChat(c)
+	if err := c.connect(ctx); err != nil {
+		c.fail(err)
+		c.Close()
+		return nil, fmt.Errorf("client: dial %s: %w", wsURL, err)
+	}
+	return c, nil
+}
+
+// connect opens a socket, reads its connect frames and makes it the
+// current one once the instance is identified and the transcript known.
+// Its errors are not wrapped.
+func (c *Conn) connect(ctx context.Context) error {
+	ws, resp, err := websocket.Dial(ctx, c.wsURL, &websocket.DialOptions{
+		HTTPClient: c.opts.HTTPClient,
+		HTTPHeader: c.opts.Header,
 	})
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -179,43 +236,57 @@ func Dial(ctx context.Context, opts Options) (*Conn, error) {
 				resp.Body.Close()
 				he.Body = strings.TrimSpace(string(b))
 			}
-			return nil, fmt.Errorf("client: dial %s: %w", wsURL, he)
+			return he
 		}
-		return nil, fmt.Errorf("client: dial %s: %w", wsURL, err)
+		return err
 	}
-	limit := opts.MaxFrameBytes
+	limit := c.opts.MaxFrameBytes
 	if limit == 0 {
 		limit = 32 << 20
 	}
 	ws.SetReadLimit(limit)
-	rctx, cancel := context.WithCancel(context.Background())
-	c := &Conn{
-		ws:       ws,
-		opts:     opts,
-		id:       opts.ID,
-		httpBase: httpBase,
-		query:    opts.Query,
-		ctx:      rctx,
-		cancel:   cancel,
-		readDone: make(chan struct{}),
-		ready:    make(chan struct{}),
-		done:     make(chan struct{}),
-		calls:    map[string]*call{},
-		subs:     map[*Subscription]struct{}{},
+	sk := &socket{ws: ws, ready: make(chan struct{}), readDone: make(chan struct{})}
+	c.chat.beginSocket()
+	c.loops.Add(1)
+	go c.readLoop(sk)
+	abandon := func(err error) error {
+		ws.CloseNow()
+		<-sk.readDone
+		return err
 	}
-	c.chat = newChat(c)
-	go c.readLoop()
 	select {
-	case <-c.ready:
-		return c, nil
-	case <-c.done:
-		err := c.Err()
-		c.Close()
-		return nil, fmt.Errorf("client: dial %s: %w", wsURL, err)
+	case <-sk.ready:
+	case <-sk.readDone:
+		return sk.err
+	case <-c.ctx.Done():
+		return abandon(ErrClosed)
 	case <-ctx.Done():
-		c.Close()
-		return nil, fmt.Errorf("client: dial %s: waiting for identity: %w", wsURL, ctx.Err())
+		return abandon(fmt.Errorf("waiting for identity: %w", ctx.Err()))
 	}
+	if err := c.chat.awaitTranscript(ctx, sk.readDone, c.opts.Chat); err != nil {
+		select {
+		case <-sk.readDone:
+			return sk.err
+		default:
+		}
+		return abandon(err)
+	}
+	c.mu.Lock()
+	if c.closing {
+		c.mu.Unlock()
+		return abandon(ErrClosed)
+	}
+	if sk.ended {
+		// Lost before it became current: its reading goroutine saw no
+		// current socket to replace, so this attempt failed.
+		c.mu.Unlock()
+		<-sk.readDone
+		return sk.err
+	}
+	c.sock = sk
+	close(c.up)
+	c.mu.Unlock()
+	return nil
 }
 
 // instanceURLs returns the WebSocket URL of the instance opts address
@@ -366,14 +437,43 @@ func (c *Conn) Send(ctx context.Context, v any) error {
 	return c.SendRaw(ctx, b)
 }
 
-// SendRaw sends data as one text frame.
+// SendRaw sends data as one text frame. While a Conn with
+// Options.Reconnect is reconnecting, it waits (within ctx) for the new
+// socket.
 func (c *Conn) SendRaw(ctx context.Context, data []byte) error {
-	select {
-	case <-c.done:
-		return c.Err()
-	default:
+	sk, err := c.socketFor(ctx)
+	if err != nil {
+		return err
 	}
-	if err := c.ws.Write(ctx, websocket.MessageText, data); err != nil {
+	return c.writeOn(ctx, sk, data)
+}
+
+// socketFor returns the current socket, waiting within ctx while the Conn
+// reconnects.
+func (c *Conn) socketFor(ctx context.Context) (*socket, error) {
+	for {
+		c.mu.Lock()
+		sk, up, err := c.sock, c.up, c.err
+		c.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		if sk != nil {
+			return sk, nil
+		}
+		select {
+		case <-up:
+		case <-c.done:
+			return nil, c.Err()
+		case <-ctx.Done():
+			return nil, fmt.Errorf("client: send: waiting for the connection: %w", ctx.Err())
+		}
+	}
+}
+
+// writeOn sends data as one text frame on sk.
+func (c *Conn) writeOn(ctx context.Context, sk *socket, data []byte) error {
+	if err := sk.ws.Write(ctx, websocket.MessageText, data); err != nil {
 		select {
 		case <-c.done:
 			return c.Err()
@@ -384,35 +484,58 @@ func (c *Conn) SendRaw(ctx context.Context, data []byte) error {
 	return nil
 }
 
+// sendOn sends v on the socket sk only, so that what a socket's connect
+// frames ask for is never sent on the next one.
+func (c *Conn) sendOn(ctx context.Context, sk *socket, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("client: encode frame: %w", err)
+	}
+	return c.writeOn(ctx, sk, b)
+}
+
 // Done is closed when the connection has ended.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
 // Err returns why the connection ended: a *CloseError when the server
-// closed it or it was lost, ErrClosed after Close, or nil while it is open.
+// closed it or it was lost (and, with Options.Reconnect, the server refused
+// it for good or the retries ran out), ErrClosed after Close, or nil while
+// it is open or reconnecting.
 func (c *Conn) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
 }
 
-// Close closes the connection (status 1000) and waits for its reading
-// goroutine. Calls in flight fail with ErrClosed, subscriptions end at
-// once. Close is idempotent.
+// Connected reports whether the Conn has a socket now (false while it
+// reconnects, and after it ended).
+func (c *Conn) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sock != nil && c.err == nil
+}
+
+// Close closes the connection (status 1000) and waits for its goroutines.
+// Calls in flight fail with ErrClosed, subscriptions end at once, a
+// reconnect in progress stops. Close is idempotent.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	first := !c.closing
 	c.closing = true
+	sk := c.sock
 	c.mu.Unlock()
 	if first {
 		c.fail(ErrClosed)
-		// Close performs the closing handshake; the reading goroutine
-		// reads the server's answer. CloseNow is the fallback.
-		if err := c.ws.Close(websocket.StatusNormalClosure, ""); err != nil {
-			c.ws.CloseNow()
+		if sk != nil {
+			// Close performs the closing handshake; the reading goroutine
+			// reads the server's answer. CloseNow is the fallback.
+			if err := sk.ws.Close(websocket.StatusNormalClosure, ""); err != nil {
+				sk.ws.CloseNow()
+			}
 		}
 		c.cancel()
 	}
-	<-c.readDone
+	c.loops.Wait()
 	c.mu.Lock()
 	subs := make([]*Subscription, 0, len(c.subs))
 	for s := range c.subs {
@@ -425,20 +548,46 @@ func (c *Conn) Close() error {
 	return nil
 }
 
-// readLoop reads and dispatches frames until the socket ends.
-func (c *Conn) readLoop() {
-	defer close(c.readDone)
+// readLoop reads and dispatches the frames of sk until it ends, then
+// reconnects or ends the Conn.
+func (c *Conn) readLoop(sk *socket) {
+	defer c.loops.Done()
+	var err error
 	for {
-		typ, data, err := c.ws.Read(c.ctx)
+		var typ websocket.MessageType
+		var data []byte
+		typ, data, err = sk.ws.Read(c.ctx)
 		if err != nil {
-			c.fail(closeErrorOf(err))
-			return
+			break
 		}
 		if typ != websocket.MessageText {
 			continue
 		}
-		c.dispatch(data)
+		c.dispatch(sk, data)
 	}
+	err = closeErrorOf(err)
+	sk.err = err
+	c.mu.Lock()
+	sk.ended = true
+	current := c.sock == sk
+	if current {
+		c.sock = nil
+		c.up = make(chan struct{})
+	}
+	closing := c.closing
+	c.mu.Unlock()
+	close(sk.readDone)
+	if !current {
+		return // a socket that never became current: connect reports it
+	}
+	var ce *CloseError
+	if closing || c.opts.Reconnect == nil || (errors.As(err, &ce) && ce.Terminal()) {
+		c.fail(err)
+		return
+	}
+	c.lost(err)
+	c.loops.Add(1)
+	go c.reconnect(err)
 }
 
 // head is the part of a server frame the dispatcher looks at.
@@ -451,7 +600,7 @@ type head struct {
 	Error        json.RawMessage `json:"error"`
 }
 
-func (c *Conn) dispatch(data []byte) {
+func (c *Conn) dispatch(sk *socket, data []byte) {
 	var h head
 	if json.Unmarshal(data, &h) != nil {
 		h = head{}
@@ -461,13 +610,13 @@ func (c *Conn) dispatch(data []byte) {
 	case agent.FrameIdentity:
 		c.mu.Lock()
 		c.identity = Identity{Agent: h.Agent, Name: h.Name}
-		c.identSeen = true
+		sk.identSeen = true
 		ready = !h.StateFollows
 		c.mu.Unlock()
 	case agent.FrameState:
 		c.mu.Lock()
 		c.state = h.State
-		ready = c.identSeen
+		ready = sk.identSeen
 		c.mu.Unlock()
 		if c.opts.OnState != nil {
 			c.opts.OnState(h.State)
@@ -481,7 +630,7 @@ func (c *Conn) dispatch(data []byte) {
 	case agent.FrameRPC:
 		c.handleRPC(data)
 	default:
-		c.chat.handleFrame(h.Type, data)
+		c.chat.handleFrame(sk, h.Type, data)
 	}
 	f := Frame{Type: h.Type, Data: data}
 	if c.opts.OnFrame != nil {
@@ -492,16 +641,66 @@ func (c *Conn) dispatch(data []byte) {
 	for s := range c.subs {
 		subs = append(subs, s)
 	}
-	if ready && !c.readyDone {
+	if ready && !sk.readyDone {
 		// Dial returns only after OnFrame has seen the identity (and
 		// state) frames.
-		c.readyDone = true
-		close(c.ready)
+		sk.readyDone = true
+		close(sk.ready)
 	}
 	c.mu.Unlock()
 	for _, s := range subs {
 		s.push(f)
 	}
+}
+
+// lost handles the loss of the current socket of a Conn that reconnects:
+// the calls in flight fail with err (the server may or may not have run
+// them); chat streams wait for the next socket.
+func (c *Conn) lost(err error) {
+	c.mu.Lock()
+	calls := c.calls
+	c.calls = map[string]*call{}
+	c.mu.Unlock()
+	for _, cl := range calls {
+		cl.finish(nil, err)
+	}
+	if f := c.opts.Reconnect.OnDisconnect; f != nil {
+		f(err)
+	}
+}
+
+// reconnect opens new sockets, with growing delays between attempts,
+// until one is up, the server refuses the client for good, the retries run
+// out or the Conn is closed. Then the chat picks up its turns in flight.
+func (c *Conn) reconnect(cause error) {
+	defer c.loops.Done()
+	r := c.opts.Reconnect
+	last := cause
+	for attempt := 0; r.MaxRetries == 0 || attempt < r.MaxRetries; attempt++ {
+		if !r.wait(c.ctx, r.delay(attempt)) {
+			return
+		}
+		actx, cancel := context.WithTimeout(c.ctx, r.ConnectTimeout)
+		err := c.connect(actx)
+		cancel()
+		if err == nil {
+			if r.OnReconnect != nil {
+				r.OnReconnect()
+			}
+			c.chat.resumeAll(c.ctx)
+			return
+		}
+		if c.ctx.Err() != nil {
+			return
+		}
+		last = err
+		var ce *CloseError
+		var he *HTTPError
+		if (errors.As(err, &ce) && ce.Terminal()) || (errors.As(err, &he) && he.StatusCode/100 == 4 && he.StatusCode != http.StatusTooManyRequests) {
+			break // refused: retrying cannot help
+		}
+	}
+	c.fail(last)
 }
 
 // fail ends the connection with err (the first error wins): calls in

@@ -30,12 +30,20 @@ const (
 	frameChatMessages = "cf_agent_chat_messages"
 )
 
+// Frames the chat command queues itself, in order with the server's: the
+// socket was lost (Data is the error text as JSON), a new one is up.
+const (
+	frameLost        = "agentry-chat:lost"
+	frameReconnected = "agentry-chat:reconnected"
+)
+
 const chatUsage = `usage: agentry chat [--addr 127.0.0.1:8787] [--name default] [--token T]
 
 Chat with the Assistant of a running agentry server: every line read from
 standard input is sent as a message. The answer streams as it arrives, and
 each helper run is shown with its progress, phase, milestones and result;
-background runs and the notification turns they cause are shown too.
+background runs and the notification turns they cause are shown too. A lost
+connection is reconnected, and a turn in flight resumes where it was.
 Ctrl-C cancels the turn in flight; a second Ctrl-C, or end of input, exits.
 `
 
@@ -69,7 +77,13 @@ func chatSession(ctx context.Context, args []string, in io.Reader, out io.Writer
 	q := newFrameQueue()
 	// An interrupt while connecting gives up.
 	sctx, stopSetup := interruptible(ctx, intr)
-	conn, err := cf.dial(sctx, client.Options{OnFrame: q.push})
+	conn, err := cf.dial(sctx, client.Options{OnFrame: q.push, Chat: true, Reconnect: &client.Reconnect{
+		OnDisconnect: func(err error) {
+			b, _ := json.Marshal(err.Error())
+			q.push(client.Frame{Type: frameLost, Data: b})
+		},
+		OnReconnect: func() { q.push(client.Frame{Type: frameReconnected}) },
+	}})
 	if err != nil {
 		stopSetup()
 		return fmt.Errorf("chat: %w", err)
@@ -313,6 +327,8 @@ type turnView struct {
 	pending string // text not shown yet: the unfinished line (not a terminal)
 	done    chan struct{}
 	ended   bool
+	seqSeen bool // a chunk with a seq was shown; lastSeq is the latest
+	lastSeq int
 }
 
 // newScreen returns a screen writing to w; tty enables in-place redraws.
@@ -442,6 +458,7 @@ func (s *screen) handle(f client.Frame) {
 		var r struct {
 			ID      string `json:"id"`
 			Body    string `json:"body"`
+			Seq     *int   `json:"seq"`
 			Done    bool   `json:"done"`
 			Error   bool   `json:"error"`
 			Outcome string `json:"outcome"`
@@ -449,7 +466,22 @@ func (s *screen) handle(f client.Frame) {
 		if json.Unmarshal(f.Data, &r) != nil || r.ID == "" {
 			return
 		}
+		if r.Seq != nil {
+			// A resumed turn replays its chunks from the first: show the
+			// ones not shown yet.
+			t := s.turn(r.ID)
+			if t.seqSeen && *r.Seq <= t.lastSeq {
+				return
+			}
+			t.seqSeen, t.lastSeq = true, *r.Seq
+		}
 		s.renderChat(r.ID, r.Body, r.Error, r.Done, r.Outcome)
+	case frameLost:
+		var msg string
+		_ = json.Unmarshal(f.Data, &msg)
+		s.lineLocked("connection lost (" + msg + "); reconnecting…")
+	case frameReconnected:
+		s.lineLocked("reconnected")
 	case frameChatMessages:
 		var m struct {
 			Messages []message.Message `json:"messages"`

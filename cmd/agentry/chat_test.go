@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/agentry/agentry/client"
 	"github.com/agentry/agentry/client/agenttools"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
+	"github.com/agentry/agentry/internal/testenv"
 )
 
 // TestChatResearch asks a research question: the answer streams, and the
@@ -38,13 +40,13 @@ func TestChatBackground(t *testing.T) {
 	env := startServer(t, nil)
 	c := startChat(t, env, false)
 	c.say(t, "Research solar panels in the background")
-	c.out.waitFor(t, `^▸ \[1\] Background researcher started in the background · run agent-tool:\S+`)
-	c.out.waitFor(t, `^✓ \[1\] Background researcher \[##########\] 100% completed`)
+	c.out.waitFor(t, `^▸ \[1\] Researcher started in the background · run agent-tool:\S+ · "solar panels"$`)
+	c.out.waitFor(t, `^✓ \[1\] Researcher \[##########\] 100% completed`)
 	// The notice and the turn it causes may reach the client in either
 	// order.
 	c.out.waitAll(t,
-		`^notice: Background task "Researcher" \(run agent-tool:\S+\) finished:$`,
-		`^assistant> Your background research is done\.`)
+		`^notice: Background research on "solar panels" finished:$`,
+		`^assistant> Your background research on "solar panels" is done\.`)
 	all := c.exit(t)
 	if !strings.Contains(all, "I started the research in the background") {
 		t.Errorf("no dispatch answer:\n%s", all)
@@ -118,5 +120,60 @@ func TestScreenTTY(t *testing.T) {
 		"assistant> Tides turn.\n"
 	if got := out.String(); got != want {
 		t.Errorf("output\n%q\nwant\n%q", got, want)
+	}
+}
+
+// TestChatReconnect drops the network while the assistant streams: the
+// chat says so, reconnects, and the answer goes on where it was, each line
+// shown once.
+func TestChatReconnect(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	slow := agentsastools.Offline(time.Hour, clock)
+	fast := agentsastools.Offline(0, nil)
+	env := startServer(t, &agentsastools.Models{Assistant: slow.Assistant, Researcher: fast.Researcher, Planner: fast.Planner})
+	p := testenv.StartProxy(t, env.Host)
+	c := startChat(t, env, true, "--addr", p.Addr())
+	c.out.waitFor(t, `^connected to Assistant`)
+	c.say(t, "hello")
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	// The model has streamed its first chunk and waits.
+	if err := clock.BlockUntilContext(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	p.Cut()
+	c.out.waitFor(t, `^connection lost \(.*\); reconnecting…$`)
+	c.out.waitFor(t, `^reconnected$`)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			bctx, bcancel := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-stop:
+				case <-bctx.Done():
+				}
+				bcancel()
+			}()
+			err := clock.BlockUntilContext(bctx, 1)
+			bcancel()
+			if err != nil {
+				return
+			}
+			clock.Advance(time.Hour)
+		}
+	}()
+	lines := strings.Split(agentsastools.HelpText, "\n")
+	c.out.waitFor(t, `^assistant> `+regexp.QuoteMeta(lines[0])+`$`)
+	for _, l := range lines[1:] {
+		c.out.waitFor(t, `^`+regexp.QuoteMeta(l)+`$`)
+	}
+	close(stop)
+	<-done
+	all := c.exit(t)
+	if n := strings.Count(all, lines[len(lines)-1]); n != 1 {
+		t.Errorf("the last line shown %d times:\n%s", n, all)
 	}
 }

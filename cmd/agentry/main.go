@@ -99,7 +99,8 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	data := fs.String("data", "./data", "data folder (SQLite database)")
 	idle := fs.Duration("idle-timeout", 5*time.Minute, "evict instances idle this long")
 	verbose := fs.Bool("v", false, "log debug records (every observability event)")
-	delay := fs.Duration("delay", 20*time.Millisecond, "delay between the scripted model's streamed chunks")
+	// At 50 ms a research helper streams for about 4 s: slow enough to watch.
+	delay := fs.Duration("delay", 50*time.Millisecond, "delay between the scripted model's streamed chunks (the simulated web search takes 40 times as long)")
 	allowOrigin := fs.String("allow-origin", "", "comma-separated browser origins besides the server's own that may open WebSockets (host patterns such as app.example.com or *.example.com; * allows every origin)")
 	token := fs.String("auth-token", "", "require this token on every agent route; the playground reads it from #token=… (default $"+tokenEnv+")")
 	if err := fs.Parse(args); err != nil {

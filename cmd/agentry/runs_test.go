@@ -61,7 +61,7 @@ func TestRunsCancelBackground(t *testing.T) {
 	env := startServer(t, &agentsastools.Models{Assistant: fast.Assistant, Researcher: slow.Researcher, Planner: fast.Planner})
 	c := startChat(t, env, false)
 	c.say(t, "Research solar panels in the background")
-	runID := c.out.waitFor(t, `^▸ \[1\] Background researcher started in the background · run (agent-tool:\S+)`)[1]
+	runID := c.out.waitFor(t, `^▸ \[1\] Researcher started in the background · run (agent-tool:\S+)`)[1]
 	c.out.waitFor(t, `when it is ready\.$`)
 
 	list := runsCmd(t, env, "list")
@@ -71,10 +71,10 @@ func TestRunsCancelBackground(t *testing.T) {
 	if got, want := runsCmd(t, env, "cancel", runID), "cancelled run "+runID+": aborted (cancelled by the user)\n"; got != want {
 		t.Fatalf("runs cancel = %q, want %q", got, want)
 	}
-	c.out.waitFor(t, `^✗ \[1\] Background researcher \[\.{10}\]   \?% aborted · cancelled by the user$`)
+	c.out.waitFor(t, `^✗ \[1\] Researcher \[\.{10}\]   \?% aborted · cancelled by the user$`)
 	c.out.waitAll(t,
-		`^notice: Background task "Researcher" \(run `+regexp.QuoteMeta(runID)+`\) was cancelled\.$`,
-		`^assistant> Your background research is done\.`)
+		`^notice: Background research on "solar panels" was cancelled\.$`,
+		`^assistant> The background research on "solar panels" was cancelled, so there is no result\.$`)
 	c.exit(t)
 
 	if got := runsCmd(t, env, "cancel", runID); got != "run "+runID+" already ended: aborted\n" {

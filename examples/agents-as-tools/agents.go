@@ -9,6 +9,7 @@ package agentsastools
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -17,10 +18,12 @@ import (
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/model"
 )
 
@@ -28,6 +31,12 @@ import (
 type Options struct {
 	// Models picks each class's model; nil means Offline(20 ms).
 	Models *Models
+	// SearchTime is how long the Researcher's simulated web search takes,
+	// spread over its phases (searching, reading, synthesizing) so that
+	// each one reaches the clients; zero means none.
+	SearchTime time.Duration
+	// Clock measures SearchTime; nil means the real clock.
+	Clock clockwork.Clock
 }
 
 // Classes returns the demo's agent classes: Assistant, Researcher, Planner.
@@ -36,12 +45,16 @@ func Classes(o Options) []agent.Class {
 		o.Models = Offline(20*time.Millisecond, nil)
 	}
 	m := o.Models
+	if o.Clock == nil {
+		o.Clock = clockwork.NewRealClock()
+	}
+	search := searchPace{step: o.SearchTime / 3, clock: o.Clock}
 	return []agent.Class{
 		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant} },
 			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns", "inspectHelperRun"}, Public: true},
 		// Researcher and Planner run only as the Assistant's helpers:
 		// clients reach them as its sub-agents, through OnBeforeSubAgent.
-		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher} }},
+		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher, pace: search} }},
 		{Name: "Planner", New: func() agent.Agent { return &Planner{model: m.Planner} }},
 	}
 }
@@ -154,7 +167,10 @@ const NotifySource = "agents-as-tools-background"
 
 // researchBackground dispatches a detached Researcher.
 func (a *Assistant) researchBackground(ctx context.Context, in ResearchInput) (Dispatched, error) {
-	opts := agenttool.RunOptions{Input: in, Display: agenttool.Display{"name": "Background researcher", "icon": "⏳"},
+	// The display name is the class's, like the foreground helpers': front
+	// ends (the reference's among them) pick the drill-in by it. The
+	// preview is the query itself, for people.
+	opts := agenttool.RunOptions{Input: in, InputPreview: in.Query, Display: agenttool.Display{"name": "Researcher", "icon": "⏳"},
 		Detached: &agenttool.DetachedOptions{
 			Notify: true, NotifySource: NotifySource, MaxBudget: 5 * time.Minute,
 			OnMilestones: &agenttool.MilestoneNotices{Names: []string{"sources-gathered"}, Mode: agenttool.MilestoneNarrate},
@@ -171,6 +187,49 @@ func (a *Assistant) researchBackground(ctx context.Context, in ResearchInput) (D
 	}
 	return Dispatched{Status: "dispatched", RunID: res.RunID,
 		Note: "The research runs in the background; its result will arrive in this chat."}, nil
+}
+
+// FormatDetachedCompletion writes the chat message that tells the model a
+// background run ended. It names the query, not the run id: the message is
+// shown to people too.
+func (a *Assistant) FormatDetachedCompletion(run agenttool.Run, res agenttool.Result) string {
+	head := fmt.Sprintf("Background research on %q", previewQuery(run.InputPreview))
+	switch res.Status {
+	case agenttool.StatusCompleted:
+		return head + " finished:\n\n" + res.Summary
+	case agenttool.StatusAborted:
+		return head + " was cancelled."
+	default:
+		msg := head + " stopped before it finished"
+		if res.Error != "" {
+			msg += ": " + res.Error
+		}
+		return msg + "."
+	}
+}
+
+// FormatDetachedMilestone writes the chat line of a background run's
+// milestone, without ids.
+func (a *Assistant) FormatDetachedMilestone(run agenttool.Run, m agenttool.Milestone) string {
+	q := previewQuery(run.InputPreview)
+	if m.Name == "sources-gathered" {
+		return fmt.Sprintf("The background research on %q has gathered its sources and is writing the summary.", q)
+	}
+	return fmt.Sprintf("The background research on %q reached %q.", q, m.Name)
+}
+
+// previewQuery reads the query from a run's input preview: a JSON string,
+// itself either the query or the input's JSON.
+func previewQuery(preview json.RawMessage) string {
+	var s string
+	if json.Unmarshal(preview, &s) != nil {
+		s = string(preview)
+	}
+	var in ResearchInput
+	if json.Unmarshal([]byte(s), &in) == nil && in.Query != "" {
+		return in.Query
+	}
+	return s
 }
 
 // ClearHelperRuns deletes every helper run and its child.
@@ -232,6 +291,43 @@ func (a *Assistant) OnBeforeSubAgent(ctx context.Context, r *http.Request, class
 type Researcher struct {
 	chat.Base
 	model model.Model
+	pace  searchPace
+}
+
+// searchPace spaces the simulated search's phases: step apart on clock.
+type searchPace struct {
+	step  time.Duration
+	clock clockwork.Clock
+}
+
+// wait waits one step, or until ctx ends.
+func (p searchPace) wait(ctx context.Context) error {
+	if p.step <= 0 {
+		return ctx.Err()
+	}
+	select {
+	case <-p.clock.After(p.step):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// FormatAgentToolInput makes the query the first message of the
+// researcher's chat, as a person would have typed it.
+func (r *Researcher) FormatAgentToolInput(input json.RawMessage, req agenttool.ChildRequest) message.Message {
+	var in ResearchInput
+	_ = json.Unmarshal(input, &in) // a bad input is shown as it came
+	return inputMessage(input, req, in.Query)
+}
+
+// inputMessage is a run's first message: text, else the input as it came.
+func inputMessage(input json.RawMessage, req agenttool.ChildRequest, text string) message.Message {
+	if text == "" {
+		text = string(input)
+	}
+	return message.Message{ID: "agent-tool-" + req.RunID + "-input", Role: message.RoleUser,
+		Parts: []message.Part{{Type: message.PartText, Text: text}}}
 }
 
 // ChatModel returns the researcher's model.
@@ -263,9 +359,15 @@ func (r *Researcher) webSearch(ctx context.Context, in ResearchInput) ([]SearchR
 		if err := agenttool.ReportProgress(ctx, p); err != nil {
 			return nil, err
 		}
+		if err := r.pace.wait(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if err := agenttool.ReportProgress(ctx, agenttool.Progress{Milestone: "sources-gathered",
 		Data: map[string]any{"query": in.Query, "sources": 2}}); err != nil {
+		return nil, err
+	}
+	if err := r.pace.wait(ctx); err != nil {
 		return nil, err
 	}
 	if err := agenttool.ReportProgress(ctx, agenttool.Progress{Fraction: agenttool.Fraction(0.9), Phase: "synthesizing",
@@ -292,6 +394,14 @@ func (p *Planner) ChatModel() model.Model { return p.model }
 func (p *Planner) SystemPrompt() string {
 	return "Plan the change. Inspect the relevant files with inspect_file (1 to 3 times), then write a plan with " +
 		"the sections Overview, Affected files, Step-by-step and Open questions."
+}
+
+// FormatAgentToolInput makes the description the first message of the
+// planner's chat.
+func (p *Planner) FormatAgentToolInput(input json.RawMessage, req agenttool.ChildRequest) message.Message {
+	var in PlanInput
+	_ = json.Unmarshal(input, &in) // a bad input is shown as it came
+	return inputMessage(input, req, in.Description)
 }
 
 // FileInput is inspect_file's input.

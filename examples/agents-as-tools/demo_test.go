@@ -4,7 +4,9 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jonboulle/clockwork"
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/agent"
@@ -20,8 +22,18 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func start(t *testing.T) (*testenv.Env, *agentsastools.Assistant) {
 	t.Helper()
+	return startWith(t, agentsastools.Options{})
+}
+
+// startWith starts the demo's classes with o; nil Models means the offline
+// models without delay.
+func startWith(t *testing.T, o agentsastools.Options) (*testenv.Env, *agentsastools.Assistant) {
+	t.Helper()
+	if o.Models == nil {
+		o.Models = agentsastools.Offline(0, nil)
+	}
 	env := testenv.Start(t, testenv.Options{
-		Classes: agentsastools.Classes(agentsastools.Options{Models: agentsastools.Offline(0, nil)}),
+		Classes: agentsastools.Classes(o),
 		Setup: func(rt *agent.Runtime) error {
 			chat.Configure(rt, chat.Config{})
 			agenttool.Install(rt, agenttool.Options{})
@@ -56,7 +68,10 @@ func TestResearchPlanCompare(t *testing.T) {
 	if got := say(t, a, "Research quantum computing").Text(); !strings.Contains(got, "Quantum computing is worth knowing well") {
 		t.Fatalf("research answer %q", got)
 	}
-	if got := say(t, a, "Plan adding rate limiting to the billing service").Text(); !strings.Contains(got, "## Overview") {
+	// The plan is answered whole, its numbered steps included.
+	if got := say(t, a, "Plan adding rate limiting to the billing service").Text(); !strings.Contains(got, "## Overview") ||
+		!strings.Contains(got, "1. Write a failing test") || !strings.Contains(got, "3. Update the callers") ||
+		!strings.Contains(got, "## Open questions") {
 		t.Fatalf("plan answer %q", got)
 	}
 	if got := say(t, a, "Compare HTTP/3 and gRPC").Text(); !strings.Contains(got, "Side A: HTTP/3") || !strings.Contains(got, "Side B: GRPC") {
@@ -105,14 +120,114 @@ func TestBackgroundResearch(t *testing.T) {
 		texts = append(texts, string(m.Role)+": "+chat.MessageText(m))
 	}
 	all := strings.Join(texts, "\n")
-	for _, want := range []string{`reached milestone "sources-gathered"`, "Background task \"Researcher\"", "Your background research is done."} {
+	for _, want := range []string{`"solar panels" has gathered its sources`, `Background research on "solar panels" finished:`,
+		`Your background research on "solar panels" is done. Solar panels is worth knowing well.`} {
 		if !strings.Contains(all, want) {
 			t.Fatalf("transcript lacks %q:\n%s", want, all)
 		}
 	}
+	// People read the chat: no internal run ids in it.
+	if strings.Contains(all, "agent-tool:") || strings.Contains(all, "call_") {
+		t.Fatalf("transcript shows a run id:\n%s", all)
+	}
 	runs, _ := agenttool.ListAgentToolRuns(context.Background(), a)
 	if len(runs) != 1 || runs[0].Status != agenttool.StatusCompleted || runs[0].ParentToolCallID != "" {
 		t.Fatalf("runs %+v", runs)
+	}
+	// A background helper is shown under its class's name, so front ends
+	// can drill into it, with its query as the preview.
+	if runs[0].Display["name"] != "Researcher" || string(runs[0].InputPreview) != `"solar panels"` {
+		t.Fatalf("background run display %v, preview %s", runs[0].Display, runs[0].InputPreview)
+	}
+}
+
+// TestCancelledBackgroundNotice cancels a background run while its search
+// waits (on a clock that is never advanced) and checks the answer to the
+// notice: it says cancelled, not done.
+func TestCancelledBackgroundNotice(t *testing.T) {
+	clk := clockwork.NewFakeClock()
+	env, a := startWith(t, agentsastools.Options{Clock: clk, SearchTime: time.Hour})
+	ctx := context.Background()
+	turns := make(chan struct{}, 8)
+	unsub := env.RT.Diag().Subscribe(diag.ChannelChat, func(e diag.Event) {
+		if e.Type == "turn" && e.Agent == agent.Root("Assistant", "demo").String() {
+			turns <- struct{}{}
+		}
+	})
+	defer unsub()
+	say(t, a, "Research the history of DNS in the background")
+	<-turns                                               // the dispatch turn
+	if err := clk.BlockUntilContext(ctx, 1); err != nil { // the search waits
+		t.Fatal(err)
+	}
+	runs, err := agenttool.ListAgentToolRuns(ctx, a)
+	if err != nil || len(runs) != 1 {
+		t.Fatalf("runs %+v, %v", runs, err)
+	}
+	if err := a.CancelBackground(ctx, runs[0].RunID); err != nil {
+		t.Fatal(err)
+	}
+	<-turns // the notification turn
+	msgs := a.Messages()
+	last := chat.MessageText(msgs[len(msgs)-1])
+	if want := `The background research on "the history of DNS" was cancelled, so there is no result.`; last != want {
+		t.Fatalf("answer to the cancel notice %q, want %q", last, want)
+	}
+}
+
+// TestSmallTalk: a greeting or a question about the assistant gets the
+// help text and starts no helper.
+func TestSmallTalk(t *testing.T) {
+	_, a := start(t)
+	for _, text := range []string{"hello, what can you do?", "Hi", "help"} {
+		if got := say(t, a, text).Text(); got != agentsastools.HelpText {
+			t.Errorf("%q: answer %q", text, got)
+		}
+	}
+	if runs, err := agenttool.ListAgentToolRuns(context.Background(), a); err != nil || len(runs) != 0 {
+		t.Fatalf("small talk started runs: %+v, %v", runs, err)
+	}
+	// A greeting that asks for work is work.
+	if got := say(t, a, "hello, research quantum computing").Text(); !strings.Contains(got, "Quantum computing is worth knowing well") {
+		t.Errorf("greeting with a task: %q", got)
+	}
+}
+
+// TestChildFirstMessage: a helper's chat starts with the query as a person
+// would type it, not the tool input's JSON.
+func TestChildFirstMessage(t *testing.T) {
+	_, a := start(t)
+	ctx := context.Background()
+	say(t, a, "Research quantum computing")
+	say(t, a, "Plan adding rate limiting to the billing service")
+	runs, err := agenttool.ListAgentToolRuns(ctx, a)
+	if err != nil || len(runs) != 2 {
+		t.Fatalf("runs %+v, %v", runs, err)
+	}
+	for i, want := range []string{"quantum computing", "adding rate limiting to the billing service"} {
+		child, err := a.SubAgent(ctx, runs[i].AgentType, runs[i].RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := child.(interface{ Messages() []message.Message }).Messages()
+		if len(msgs) == 0 || msgs[0].Role != message.RoleUser || chat.MessageText(msgs[0]) != want {
+			t.Errorf("%s's first message %+v, want the text %q", runs[i].AgentType, msgs, want)
+		}
+	}
+}
+
+func TestFirstSentence(t *testing.T) {
+	for in, want := range map[string]string{
+		"One. Two.": "One.",
+		"## Step-by-step\n1. Write it.\n2. Run it.": "## Step-by-step\n1. Write it.",
+		"Use e.g. Go. Then stop.":                   "Use e.g. Go.",
+		"No period":                                 "No period",
+		"Ends here.\nNext line.":                    "Ends here.",
+		"Version 1.2 is out. Yes.":                  "Version 1.2 is out.",
+	} {
+		if got := agentsastools.FirstSentence(in); got != want {
+			t.Errorf("FirstSentence(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
 

@@ -56,7 +56,12 @@ var (
 	planRe       = regexp.MustCompile(`(?i)\bplan\b`)
 	// backgroundPhraseRe is the whole phrase a background request adds.
 	backgroundPhraseRe = regexp.MustCompile(`(?i),?\s*\b(in the background|as a background task|don'?t wait( for it)?|do not wait( for it)?|no need to wait|later)\b`)
-	fillerRe           = regexp.MustCompile(`(?i)^(please\s+)?(can you\s+)?(research|look into|find out about|tell me about|in the background,?|plan( how to)?|make a plan (for|to))\s+`)
+	// greetingRe and helpRe recognize small talk and questions about the
+	// assistant itself; taskRe the words of a request for work.
+	greetingRe = regexp.MustCompile(`(?i)^\s*(hi|hello|hey|howdy|good (morning|afternoon|evening)|thanks|thank you)\b`)
+	helpRe     = regexp.MustCompile(`(?i)\b(what can you do|what do you do|who are you|what are you|how does this work|how do you work|help)\b`)
+	taskRe     = regexp.MustCompile(`(?i)\b(research|compare|plan|look into|find out|tell me about|vs\.?|versus)\b`)
+	fillerRe   = regexp.MustCompile(`(?i)^(please\s+)?(can you\s+)?(hi,?|hello,?|hey,?|research|look into|find out about|tell me about|in the background,?|plan( how to)?|make a plan (for|to))\s+`)
 )
 
 // topic strips request phrasing from a user message.
@@ -78,23 +83,59 @@ func topic(s string) string {
 	return s
 }
 
-// isNotice reports whether the last user message is a background-run
-// notification.
+// lastIsNotice reports whether the last user message is a background-run
+// notification (Assistant.FormatDetachedCompletion, or agenttool's
+// default text).
 func lastIsNotice(req *model.Request) bool {
-	return strings.HasPrefix(scripted.LastUserText(req), "Background task ")
+	t := scripted.LastUserText(req)
+	return strings.HasPrefix(t, "Background research on ") || strings.HasPrefix(t, "Background task ")
+}
+
+// isSmallTalk reports whether the last user message greets or asks what the
+// assistant can do, rather than asking for work.
+func isSmallTalk(req *model.Request) bool {
+	t := scripted.LastUserText(req)
+	return (greetingRe.MatchString(t) || helpRe.MatchString(t)) && !taskRe.MatchString(t)
+}
+
+// HelpText is the assistant's answer to small talk: what it can do, and the
+// phrases the offline models understand.
+const HelpText = "Hello! I hand work to helper agents, each with its own chat you can open. Try:\n" +
+	"- \"Research quantum computing\": a Researcher searches and summarizes.\n" +
+	"- \"Compare HTTP/3 and gRPC\": two Researchers side by side.\n" +
+	"- \"Plan adding rate limiting to the billing service\": a Planner writes a step-by-step plan.\n" +
+	"- \"Research the history of TLS, don't wait\": research in the background; the result arrives later in this chat."
+
+// noticeAnswer is the assistant's reply to a background run's notice.
+func noticeAnswer(text string) string {
+	head, body, _ := strings.Cut(text, "\n\n")
+	q := ""
+	if i, j := strings.Index(head, `"`), strings.LastIndex(head, `"`); i >= 0 && j > i {
+		q = " on " + head[i:j+1]
+	}
+	switch {
+	case strings.HasSuffix(head, "was cancelled."):
+		return "The background research" + q + " was cancelled, so there is no result."
+	case strings.HasSuffix(head, "finished:") || strings.Contains(head, " finished"):
+		if s := firstSentence(body); s != "" {
+			return "Your background research" + q + " is done. " + s
+		}
+		return "Your background research" + q + " is done."
+	default:
+		return "The background research" + q + " did not finish. You can ask me to start it again."
+	}
 }
 
 func assistantRules() []scripted.Rule {
 	return []scripted.Rule{
 		{Name: "answer-notice", Match: lastIsNotice, Reply: func(req *model.Request) scripted.Reply {
-			text := scripted.LastUserText(req)
-			if i := strings.Index(text, "\n\n"); i >= 0 {
-				text = text[i+2:]
-			}
-			return scripted.Reply{scripted.Text("Your background research is done. " + firstSentence(text))}
+			return scripted.Reply{scripted.Text(noticeAnswer(scripted.LastUserText(req)))}
 		}},
 		{Name: "answer-tools", Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
 			return scripted.Reply{scripted.Text(answerFromResults(scripted.ToolResults(req)))}
+		}},
+		{Name: "help", Match: isSmallTalk, Reply: func(*model.Request) scripted.Reply {
+			return scripted.Reply{scripted.Text(HelpText)}
 		}},
 		{Name: "compare", Match: func(req *model.Request) bool { _, _, ok := comparePair(scripted.LastUserText(req)); return ok },
 			Reply: func(req *model.Request) scripted.Reply {
@@ -138,6 +179,11 @@ func answerFromResults(results []model.Content) string {
 			if s == "" {
 				continue
 			}
+			if strings.HasPrefix(s, "## ") {
+				// A plan: its sections are the answer.
+				parts = append(parts, "Here is the plan.\n\n"+s)
+				continue
+			}
 			parts = append(parts, firstSentence(s))
 			continue
 		}
@@ -148,7 +194,7 @@ func answerFromResults(results []model.Content) string {
 		}
 		var d Dispatched
 		if json.Unmarshal(r.Output, &d) == nil && d.Status == "dispatched" {
-			parts = append(parts, "I started the research in the background (run "+d.RunID+"); I'll post the result here when it is ready.")
+			parts = append(parts, "I started the research in the background; I'll post the result here when it is ready.")
 			continue
 		}
 		var f struct {
@@ -172,12 +218,33 @@ func settledText(s Settled) string {
 	return fmt.Sprintf("(%s: %s)", s.Status, s.Error)
 }
 
+// firstSentence returns the first sentence of s: up to the first period
+// followed by a space or a line end, where the period does not end a list
+// number ("1. ") or an abbreviation of one letter ("e.g. ").
 func firstSentence(s string) string {
 	s = strings.TrimSpace(s)
-	if i := strings.Index(s, ". "); i >= 0 {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '.' || (i+1 < len(s) && s[i+1] != ' ' && s[i+1] != '\n') {
+			continue
+		}
+		// The word the period ends.
+		start := strings.LastIndexAny(s[:i], " \n") + 1
+		word := s[start:i]
+		if word == "" || isDigits(word) || len(word) == 1 || strings.Contains(word, ".") {
+			continue
+		}
 		return s[:i+1]
 	}
 	return s
+}
+
+func isDigits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // inputTopic reads the topic from a child's input message (JSON or text).

@@ -37,6 +37,9 @@ type Options struct {
 	IdleTimeout time.Duration
 	// Delay is the scripted models' delay between streamed chunks.
 	Delay time.Duration
+	// SearchTime is how long the Researcher's simulated web search takes;
+	// zero means 40 × Delay (2 s at the serve command's default 50 ms).
+	SearchTime time.Duration
 	// OriginPatterns are the other browser origins whose pages may open
 	// WebSockets (server.Options.OriginPatterns); nil allows only the
 	// playground's own origin, "*" every origin.
@@ -99,8 +102,12 @@ func New(ctx context.Context, o Options) (*Demo, error) {
 	if models == nil {
 		models, provider = agentsastools.FromEnv(o.Delay)
 	}
+	search := o.SearchTime
+	if search == 0 {
+		search = 40 * o.Delay
+	}
 	classes := append([]agent.Class{counter.Class(), echochat.Class(echochat.Options{Delay: o.Delay})},
-		agentsastools.Classes(agentsastools.Options{Models: models})...)
+		agentsastools.Classes(agentsastools.Options{Models: models, SearchTime: search})...)
 	for _, c := range classes {
 		if err := rt.Register(c); err != nil {
 			rt.Close()

@@ -82,7 +82,7 @@ async function send(page, text) {
 // the evidence that a run was seen live and streamed, whatever its speed.
 async function watch(page) {
   await page.evaluate(() => {
-    const seen = { statuses: {}, lengths: {}, pcts: {} };
+    const seen = { statuses: {}, lengths: {}, pcts: {}, phases: {} };
     window.__seen = seen;
     const add = (map, id, v) => {
       const a = (map[id] ??= []);
@@ -95,6 +95,8 @@ async function watch(page) {
         add(seen.lengths, id, el.querySelector("[data-testid=timeline]")?.textContent?.length ?? 0);
         const pct = el.querySelector("[data-testid=progress]")?.dataset.pct;
         if (pct) add(seen.pcts, id, Number(pct));
+        const phase = el.querySelector("[data-testid=phase-chip]")?.textContent;
+        if (phase) add(seen.phases, id, phase);
       }
     };
     new MutationObserver(record).observe(document.body, { subtree: true, childList: true, attributes: true, characterData: true });
@@ -102,6 +104,58 @@ async function watch(page) {
   });
 }
 const seen = (page) => page.evaluate(() => window.__seen);
+
+// The scroller is at its bottom: the newest message is in view.
+async function atNewest(page) {
+  await page.waitForFunction(() => {
+    const el = document.querySelector("[data-testid=messages]");
+    const last = [...el.querySelectorAll("[data-testid=message],[data-testid=background-event]")].pop();
+    if (!last) return false;
+    const box = el.getBoundingClientRect();
+    const r = last.getBoundingClientRect();
+    return el.scrollHeight - el.scrollTop - el.clientHeight < 4 && r.bottom <= box.bottom + 1 && r.bottom > box.top;
+  });
+}
+
+// No two of the page's main boxes overlap, and nothing is wider than the
+// viewport.
+async function assertNoOverlap(page) {
+  const report = await page.evaluate(() => {
+    const problems = [];
+    const overlap = (a, b) => a.left < b.right - 0.5 && b.left < a.right - 0.5 && a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5;
+    const name = (e) => e.dataset.testid ?? e.className;
+    // Siblings that must not overlap: the top bar's parts, the parts of its
+    // info, and the page's regions.
+    const groups = [".topbar > *", ".topbar-info > *", "[data-testid=background-panel], [data-testid=messages], [data-testid=chat-composer]"];
+    const boxes = {};
+    for (const sel of groups) {
+      const els = [...document.querySelectorAll(sel)].filter((e) => e.getClientRects().length > 0);
+      for (let i = 0; i < els.length; i++) {
+        const a = els[i].getBoundingClientRect();
+        boxes[name(els[i])] = a;
+        for (let j = i + 1; j < els.length; j++) {
+          if (overlap(a, els[j].getBoundingClientRect())) problems.push(`${name(els[i])} overlaps ${name(els[j])}`);
+        }
+      }
+    }
+    const w = document.documentElement.clientWidth;
+    for (const e of document.querySelectorAll("body *")) {
+      const r = e.getBoundingClientRect();
+      if (r.width > 0 && r.right > w + 1 && !e.closest("pre, .tl-tool-output, .tool-output")) {
+        problems.push(`${e.tagName.toLowerCase()}.${e.className} ends at ${Math.round(r.right)} px of ${w}`);
+        break;
+      }
+    }
+    if (document.documentElement.scrollWidth > w) problems.push(`the page scrolls sideways (${document.documentElement.scrollWidth} px)`);
+    const panel = boxes["background-panel"];
+    const composer = boxes["chat-composer"];
+    if (!panel || !composer) problems.push("the background panel or the composer is not shown");
+    else if (panel.top > composer.top) problems.push("the background panel is below the composer");
+    if (composer && composer.bottom > window.innerHeight + 1) problems.push("the composer is off screen");
+    return problems;
+  });
+  assert.deepEqual(report, [], `layout at ${page.viewportSize().width} px: ${report.join("; ")}`);
+}
 
 const helperPanels = (page, toolName) =>
   page.locator(`[data-testid=tool-call][data-tool-name=${toolName}] [data-testid=helper-panel]`);
@@ -113,6 +167,14 @@ async function run() {
   step("research");
   const page = await openPage(fastBase, user);
   await page.getByTestId("empty").waitFor();
+  // The bundle is served gzip-compressed to the browser.
+  {
+    const encodings = await page.evaluate(async () => {
+      const urls = [...document.querySelectorAll("script[src], link[rel=stylesheet]")].map((e) => e.src || e.href);
+      return Promise.all(urls.map(async (u) => (await fetch(u, { cache: "no-store" })).headers.get("content-encoding")));
+    });
+    assert.ok(encodings.length >= 2 && encodings.every((e) => e === "gzip"), `asset encodings ${JSON.stringify(encodings)}`);
+  }
   await watch(page);
   await send(page, "Research quantum computing");
   const research = helperPanels(page, "research");
@@ -135,6 +197,10 @@ async function run() {
     const lengths = s.lengths[runId];
     assert.ok(lengths.length >= 3, `the timeline grew in steps (streamed), saw lengths ${JSON.stringify(lengths)}`);
     for (let i = 1; i < lengths.length; i++) assert.ok(lengths[i] >= lengths[i - 1], `the timeline only grew: ${JSON.stringify(lengths)}`);
+    // Every phase of the search reached the page, "reading" included.
+    for (const phase of ["searching", "reading", "synthesizing"]) {
+      assert.ok(s.phases[runId]?.includes(phase), `phase ${phase} was shown: ${JSON.stringify(s.phases[runId])}`);
+    }
   }
   const researchText = await research.getByTestId("timeline").textContent();
   await shot(page, "research-completed");
@@ -151,6 +217,7 @@ async function run() {
     ([id, text]) => document.querySelector(`[data-testid=helper-panel][data-run-id="${id}"] [data-testid=timeline]`)?.textContent === text,
     [runId, researchText],
   );
+  await atNewest(page);
   await shot(page, "research-after-refresh");
 
   // ── 3. A comparison: two helpers under one tool call, in order.
@@ -171,6 +238,32 @@ async function run() {
   await page.locator("[data-testid=message][data-role=assistant]").filter({ hasText: "Side A:" }).waitFor();
   await shot(page, "compare");
 
+  // ── 3b. A plan: the assistant's answer is the Planner's whole plan, its
+  //        numbered steps included.
+  step("plan");
+  await send(page, "Plan adding rate limiting to the billing service");
+  await helperPanels(page, "plan").and(page.locator("[data-status=completed]")).waitFor();
+  // The answer's own text (the Planner's timeline in the panel above it has
+  // the plan too).
+  const plan = page.locator("[data-testid=message][data-role=assistant]").last().locator(":scope > .msg-body > .md").last();
+  await plan.filter({ hasText: "Does this need a migration?" }).waitFor();
+  assert.deepEqual(
+    await plan.locator("ol li").allTextContents(),
+    ["Write a failing test for the new behaviour.", "Change src/adding.go.", "Update the callers and run the tests."],
+    "the plan's steps are all in the answer",
+  );
+  for (const heading of ["Overview", "Affected files", "Step-by-step", "Open questions"]) {
+    await plan.locator(".md-h").filter({ hasText: heading }).waitFor();
+  }
+  // After a refresh, with every panel replayed, the page opens at the
+  // newest message (the plan's end).
+  await page.reload();
+  await connected(page);
+  await helperPanels(page, "plan").and(page.locator("[data-status=completed]")).waitFor();
+  await page.waitForFunction(() => document.querySelectorAll("[data-testid=helper-panel][data-status=completed]").length === 4);
+  await atNewest(page);
+  await shot(page, "plan-after-refresh");
+
   // ── 4. Drill-in: the helper's own chat, which takes a follow-up.
   step("drill-in");
   await research.getByTestId("drill-in").click();
@@ -179,7 +272,12 @@ async function run() {
   assert.equal(await drawer.getAttribute("data-run-id"), runId);
   const childMessages = drawer.getByTestId("drill-in-messages");
   await childMessages.locator("[data-testid=message][data-role=assistant]").filter({ hasText: "worth knowing well" }).waitFor();
-  await childMessages.locator("[data-testid=message][data-role=user]").first().waitFor();
+  // The helper's chat starts with the query as a person types it, not the
+  // tool input's JSON.
+  assert.equal(
+    (await childMessages.locator("[data-testid=message][data-role=user]").first().locator(".msg-body").textContent()).trim(),
+    "quantum computing",
+  );
   await drawer.getByTestId("drill-in-composer").locator("input").fill("What about costs?");
   await drawer.getByTestId("drill-in-composer").locator("button[type=submit]").click();
   await childMessages.locator("[data-testid=message][data-role=user]").filter({ hasText: "What about costs?" }).waitFor();
@@ -206,7 +304,10 @@ async function run() {
   await bg.getByText("the history of TLS").first().waitFor();
   // The chat hears about it: the completion notice, then the assistant's answer.
   await page.locator("[data-testid=background-event][data-kind=completion]").waitFor();
-  await page.locator("[data-testid=message][data-role=assistant]").filter({ hasText: "Your background research is done." }).waitFor();
+  await page
+    .locator("[data-testid=message][data-role=assistant]")
+    .filter({ hasText: 'Your background research on "the history of TLS" is done.' })
+    .waitFor();
   {
     const s = await seen(page);
     assert.equal(s.statuses[bgId]?.[0], "running", `the background run was seen running: ${JSON.stringify(s.statuses[bgId])}`);
@@ -214,7 +315,48 @@ async function run() {
   }
   // The foreground tool call that started it has no panel of its own.
   assert.equal(await helperPanels(page, "research_background").count(), 0);
+  // Internal ids are for programs: none shows in the page's text.
+  {
+    const text = await page.locator("body").innerText();
+    assert.ok(!/agent-tool:|call_\d+_\d+/.test(text), `an internal id shows in the page: ${text.match(/.{0,40}(agent-tool:|call_\d+_\d+).{0,40}/)?.[0]}`);
+  }
   await shot(page, "background-completed");
+
+  // ── 5b. The background helper opens from its panel: its own chat, which
+  //        starts with the query.
+  step("background drill-in");
+  await bg.getByTestId("drill-in").click();
+  await drawer.waitFor();
+  assert.equal(await drawer.getAttribute("data-run-id"), bgId);
+  assert.equal(await drawer.getAttribute("data-agent-type"), "Researcher");
+  await childMessages.locator("[data-testid=message][data-role=assistant]").filter({ hasText: "worth knowing well" }).waitFor();
+  assert.equal(
+    (await childMessages.locator("[data-testid=message][data-role=user]").first().locator(".msg-body").textContent()).trim(),
+    "the history of TLS",
+  );
+  await shot(page, "background-drill-in");
+  await drawer.getByTestId("close-drill-in").click();
+  await drawer.waitFor({ state: "detached" });
+
+  // ── 5c. A phone-sized screen (390 px): the background panel sits above
+  //        the conversation, nothing overlaps, the page opens at the newest
+  //        message.
+  step("390 px");
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.reload();
+  await connected(page);
+  await bg.and(page.locator("[data-status=completed]")).waitFor();
+  await page.waitForFunction(() => document.querySelectorAll("[data-testid=helper-panel][data-status=completed]").length === 4);
+  await atNewest(page);
+  await assertNoOverlap(page);
+  await shot(page, "narrow");
+  await bg.getByTestId("drill-in").click();
+  await drawer.waitFor();
+  await childMessages.locator("[data-testid=message][data-role=assistant]").filter({ hasText: "worth knowing well" }).waitFor();
+  await shot(page, "narrow-drill-in");
+  await drawer.getByTestId("close-drill-in").click();
+  await drawer.waitFor({ state: "detached" });
+  await page.setViewportSize({ width: 1280, height: 860 });
 
   // ── 6. Cancel: on the slow server the background run is still working
   //       when the button is pressed.
@@ -227,6 +369,13 @@ async function run() {
   // Wait for real progress (a phase chip and a fraction) before cancelling.
   await slowRun.getByTestId("phase-chip").waitFor();
   await slow.waitForFunction(() => Number(document.querySelector("[data-testid=background-run] [data-testid=progress]")?.dataset.pct) > 0);
+  // The bar shows the fraction its label shows, at once (no transition
+  // that lags it).
+  {
+    const bar = await slowRun.locator(".progress-fill").evaluate((e) => ({ width: e.style.width, transition: getComputedStyle(e).transitionDuration }));
+    const pct = await slowRun.getByTestId("progress").getAttribute("data-pct");
+    assert.deepEqual(bar, { width: `${pct}%`, transition: "0s" });
+  }
   await shot(slow, "background-running");
   await slowRun.getByTestId("cancel-run").click();
   await slowRun.and(slow.locator("[data-status=aborted]")).waitFor();
@@ -237,6 +386,11 @@ async function run() {
     const id = await slowRun.getAttribute("data-run-id");
     assert.ok(!s.statuses[id].includes("completed"), `the cancelled run never completed: ${JSON.stringify(s.statuses[id])}`);
   }
+  // The assistant hears that it was cancelled, and says so.
+  await slow
+    .locator("[data-testid=message][data-role=assistant]")
+    .filter({ hasText: 'The background research on "the history of DNS" was cancelled' })
+    .waitFor();
   // The cancellation survives a refresh (replayed from the server).
   await slow.reload();
   await connected(slow);

@@ -56,17 +56,17 @@ func requireBrowser(t *testing.T) {
 }
 
 // serve starts the demo server (agents and playground) on 127.0.0.1 with
-// the offline models streaming a chunk every delay, and returns its base
-// URL.
-func serve(t *testing.T, delay time.Duration) string {
+// the offline models streaming a chunk every delay and the Researcher's
+// search taking search, and returns its base URL.
+func serve(t *testing.T, delay, search time.Duration) string {
 	t.Helper()
-	return serveModels(t, agentsastools.Offline(delay, nil))
+	return serveModels(t, agentsastools.Offline(delay, nil), search)
 }
 
 // serveModels starts the demo server with the given models.
-func serveModels(t *testing.T, models *agentsastools.Models) string {
+func serveModels(t *testing.T, models *agentsastools.Models, search time.Duration) string {
 	t.Helper()
-	return serveDemo(t, demo.Options{Models: models})
+	return serveDemo(t, demo.Options{Models: models, SearchTime: search})
 }
 
 // serveDemo starts the demo server with o (DB, Logger and IdleTimeout are
@@ -116,10 +116,12 @@ func serveDemo(t *testing.T, o demo.Options) string {
 // test/browser/screenshots/.
 func TestPlayground(t *testing.T) {
 	requireBrowser(t)
-	fast := serve(t, 5*time.Millisecond)
-	// Slow enough that a background run is still streaming its summary
-	// (about 40 chunks) when the test presses Cancel.
-	slow := serve(t, 250*time.Millisecond)
+	// The search's three phases 250 ms apart: more than the 200 ms in which
+	// agenttool coalesces progress, so each one reaches the page.
+	fast := serve(t, 5*time.Millisecond, 750*time.Millisecond)
+	// Slow enough that a background run is still searching when the test
+	// presses Cancel.
+	slow := serve(t, 250*time.Millisecond, 10*time.Second)
 	shots := filepath.Join(dir(), "screenshots")
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
@@ -178,7 +180,7 @@ func TestDocsScreenshot(t *testing.T) {
 	requireBrowser(t)
 	// A quick assistant and slow helpers: the panels are caught mid-stream.
 	fast, slow := agentsastools.Offline(40*time.Millisecond, nil), agentsastools.Offline(250*time.Millisecond, nil)
-	base := serveModels(t, &agentsastools.Models{Assistant: fast.Assistant, Researcher: slow.Researcher, Planner: slow.Planner})
+	base := serveModels(t, &agentsastools.Models{Assistant: fast.Assistant, Researcher: slow.Researcher, Planner: slow.Planner}, 3*time.Second)
 	out := filepath.Join(dir(), "..", "..", "docs", "playground.png")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

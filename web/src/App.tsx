@@ -4,12 +4,13 @@
 // joined in the transcript by tool call id. Drill-in opens a second
 // socket to the helper itself (useAgent with sub) and runs useAgentChat on
 // it, so the side panel is the helper's real chat.
-import { Suspense, useCallback, useEffect, useMemo, useRef, useState, type ReactNode } from "react";
+import { Suspense, useCallback, useEffect, useMemo, useState, type ReactNode } from "react";
 import { useAgent, useAgentToolEvents } from "agents/react";
 import { useAgentChat } from "@cloudflare/ai-chat/react";
 import { Composer, MessageView } from "./chat";
 import { Avatar, BackgroundRuns, DRILLABLE, runLabel, StatusBadge, type Run } from "./helpers";
 import { REFUSED, socketProtocol, usePageAddress } from "./instance";
+import { useStickToBottom } from "./scroll";
 import { previewInput, type Part } from "./parts";
 
 type Connection = "connecting" | "connected" | "disconnected";
@@ -127,7 +128,8 @@ function Shell({ name, connection, body, onClear, canClear }: { name: string; co
         </div>
         <div className="topbar-info">
           <span className="instance" title="Assistant instance: change it with the URL hash, e.g. #alice">
-            Assistant / <strong data-testid="instance-name">{name}</strong>
+            <span className="instance-label">Assistant / </span>
+            <strong data-testid="instance-name">{name}</strong>
           </span>
           <span className={`conn conn-${connection}`} data-testid="connection" data-state={connection}>
             <span className="dot" /> {connection}
@@ -190,7 +192,7 @@ function ChatPage({
       try {
         await agent.call("cancelBackground", [run.runId]);
       } catch (err) {
-        setNotice(`Could not cancel ${run.runId}: ${String(err)}`);
+        setNotice(`Could not cancel the ${runLabel(run)}: ${String(err)}`);
       } finally {
         setCancelling((s) => {
           const next = new Set(s);
@@ -206,16 +208,17 @@ function ChatPage({
   const openDrill = useCallback((run: Run) => setDrill(run.runId), []);
   const drillRun = drill ? runsById[drill] : undefined;
 
-  const scroller = useRef<HTMLDivElement>(null);
-  const lastLen = useRef(0);
-  useEffect(() => {
-    const el = scroller.current;
-    if (!el) return;
-    // Follow the conversation while the reader is at the bottom.
-    const nearBottom = el.scrollHeight - el.scrollTop - el.clientHeight < 160 || messages.length !== lastLen.current;
-    lastLen.current = messages.length;
-    if (nearBottom) el.scrollTop = el.scrollHeight;
-  }, [messages, runsById]);
+  // Opens at the newest message (after a refresh too, while the helpers'
+  // panels replay and grow) and follows the conversation while the reader
+  // stays at the bottom; sending a message jumps back there.
+  const { scroller, content, stick } = useStickToBottom<HTMLDivElement>();
+  const send = useCallback(
+    (text: string) => {
+      stick();
+      sendMessage({ text });
+    },
+    [sendMessage, stick],
+  );
 
   const busy = status === "submitted" || status === "streaming";
 
@@ -229,18 +232,20 @@ function ChatPage({
         <div className="layout">
           <main className="chat">
             <div className="messages" ref={scroller} data-testid="messages">
-              {messages.length === 0 ? (
-                <Empty onPick={(t) => sendMessage({ text: t })} />
-              ) : (
-                messages.map((m) => <MessageView key={m.id} message={m} runsByToolCall={runsByToolCallId} onDrillIn={openDrill} />)
-              )}
-              {(busy || isServerStreaming) && (
-                <div className="typing" data-testid="typing">
-                  <span />
-                  <span />
-                  <span />
-                </div>
-              )}
+              <div className="messages-content" ref={content}>
+                {messages.length === 0 ? (
+                  <Empty onPick={send} />
+                ) : (
+                  messages.map((m) => <MessageView key={m.id} message={m} runsByToolCall={runsByToolCallId} onDrillIn={openDrill} />)
+                )}
+                {(busy || isServerStreaming) && (
+                  <div className="typing" data-testid="typing">
+                    <span />
+                    <span />
+                    <span />
+                  </div>
+                )}
+              </div>
             </div>
             {notice && (
               <div className="notice" role="alert" onClick={() => setNotice(null)}>
@@ -249,7 +254,7 @@ function ChatPage({
             )}
             <Composer
               testId="chat-composer"
-              onSend={(text) => sendMessage({ text })}
+              onSend={send}
               disabled={busy || connection !== "connected"}
               placeholder="Ask the assistant: research, compare, plan, or research in the background…"
             />
@@ -313,8 +318,7 @@ function DrillIn({ name, query, run, onClose }: { name: string; query: Query; ru
           </button>
         </header>
         <div className="drawer-note muted small">
-          This is the helper's own chat ({run.subAgent.agent} <code>{run.subAgent.name}</code>). Follow-up messages go to the
-          helper, not to the assistant.
+          This is the {runLabel(run)}'s own chat. Follow-up messages go to the helper, not to the assistant.
         </div>
         {DRILLABLE.has(run.agentType) ? (
           <Suspense fallback={<p className="muted center">Loading the helper's chat…</p>}>
@@ -330,28 +334,35 @@ function DrillIn({ name, query, run, onClose }: { name: string; query: Query; ru
 
 function ChildChat({ agent }: { agent: MainAgent }) {
   const { messages, sendMessage, status, isServerStreaming } = useAgentChat({ agent });
-  const scroller = useRef<HTMLDivElement>(null);
-  useEffect(() => {
-    if (scroller.current) scroller.current.scrollTop = scroller.current.scrollHeight;
-  }, [messages]);
+  const { scroller, content, stick } = useStickToBottom<HTMLDivElement>();
   const busy = status === "submitted" || status === "streaming";
   return (
     <>
       <div className="drawer-messages" ref={scroller} data-testid="drill-in-messages">
-        {messages.length === 0 ? (
-          <p className="muted center">No messages yet.</p>
-        ) : (
-          messages.map((m) => <MessageView key={m.id} message={m} />)
-        )}
-        {(busy || isServerStreaming) && (
-          <div className="typing">
-            <span />
-            <span />
-            <span />
-          </div>
-        )}
+        <div className="messages-content" ref={content}>
+          {messages.length === 0 ? (
+            <p className="muted center">No messages yet.</p>
+          ) : (
+            messages.map((m) => <MessageView key={m.id} message={m} />)
+          )}
+          {(busy || isServerStreaming) && (
+            <div className="typing">
+              <span />
+              <span />
+              <span />
+            </div>
+          )}
+        </div>
       </div>
-      <Composer testId="drill-in-composer" onSend={(text) => sendMessage({ text })} disabled={busy} placeholder="Ask this helper a follow-up…" />
+      <Composer
+        testId="drill-in-composer"
+        onSend={(text) => {
+          stick();
+          sendMessage({ text });
+        }}
+        disabled={busy}
+        placeholder="Ask this helper a follow-up…"
+      />
     </>
   );
 }

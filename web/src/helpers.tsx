@@ -148,7 +148,7 @@ export function BackgroundRuns({
         <Badge tone={active > 0 ? "live" : "neutral"}>{active > 0 ? `${active} running` : `${runs.length}`}</Badge>
       </div>
       {runs.length === 0 ? (
-        <p className="muted small">
+        <p className="muted small side-empty">
           Detached helpers appear here. Ask for research “in the background” (or say “don't wait”): the assistant answers at
           once, the helper keeps working, and its result arrives later in the chat.
         </p>
@@ -181,9 +181,6 @@ export function BackgroundRuns({
                 >
                   Cancel
                 </button>
-              </div>
-              <div className="run-id" title="run id">
-                {run.runId}
               </div>
             </div>
           ))}
