@@ -123,7 +123,7 @@ func (b *Base) KeepAlive() (release func()) {
 
 // DB returns the database shared by all instances. Framework layers use it
 // with InstanceID; agent code normally uses Storage and SQL instead.
-func (b *Base) DB() store.DB { return b.in.rt.db }
+func (b *Base) DB() store.DB { return b.in.db() }
 
 // SubAgent returns the child of class and name, creating it on first use.
 // The child has its own storage and knows its parent's path; its methods

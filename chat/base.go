@@ -372,7 +372,7 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	}
 	var existing string
 	now := c.rt.Clock().Now().UnixMilli()
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
 		if req.key != "" {
 			err := tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
 			if err == nil {
@@ -544,7 +544,7 @@ func (c *core) work(ctx context.Context) {
 // storage. One guarded statement, so a turn accepted concurrently (which sets
 // the flag in its own transaction) never loses it.
 func (c *core) clearWakeIfIdle(ctx context.Context) {
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("chat: clear wake flag", "err", err)
 	}
