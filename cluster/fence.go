@@ -36,7 +36,7 @@ func (n *Node) Fence(ctx context.Context, tx store.Tx, path agent.Path) error {
 	var got int64
 	var set string
 	err := tx.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', ?, true), COALESCE(owner, ''), epoch
-		FROM cluster_shards WHERE shard = ? FOR SHARE`, fmt.Sprint((n.cfg.Lease / 4).Milliseconds()), s).Scan(&set, &owner, &got)
+		FROM cluster_shards WHERE shard = ? FOR SHARE`, fmt.Sprint((n.cfg.Lease/4).Milliseconds()), s).Scan(&set, &owner, &got)
 	if err != nil {
 		return fmt.Errorf("cluster: fence shard %d: %w", s, err)
 	}

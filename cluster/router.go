@@ -201,7 +201,7 @@ func (rt *Router) bridge(w http.ResponseWriter, r *http.Request, addr string) {
 	defer stop()
 	errc := make(chan error, 2)
 	go func() { errc <- pump(ctx, owner, client, false) }() // client → owner
-	go func() { errc <- pump(ctx, client, owner, true) }() // owner → client
+	go func() { errc <- pump(ctx, client, owner, true) }()  // owner → client
 	first := <-errc
 	code, reason := closeOf(first)
 	if errors.Is(first, errFromOwner) {
