@@ -196,26 +196,30 @@ func (rt *Runtime) Destroy(ctx context.Context, path Path) error {
 		rows, err := tx.Query(ctx, `WITH RECURSIVE sub(id) AS (
 				SELECT id FROM instances WHERE id = ?
 				UNION ALL SELECT i.id FROM instances i JOIN sub ON i.parent_id = sub.id)
-			SELECT u.instance_id, u.name FROM user_tables u JOIN sub ON u.instance_id = sub.id`, id)
+			SELECT u.instance_id, i.class, u.name FROM user_tables u JOIN sub ON u.instance_id = sub.id
+				JOIN instances i ON i.id = u.instance_id`, id)
 		if err != nil {
 			return err
 		}
-		var tables []string
+		type owned struct {
+			owner store.Owner
+			name  string
+		}
+		var tables []owned
 		for rows.Next() {
-			var iid int64
-			var name string
-			if err := rows.Scan(&iid, &name); err != nil {
+			var o owned
+			if err := rows.Scan(&o.owner.ID, &o.owner.Class, &o.name); err != nil {
 				rows.Close()
 				return err
 			}
-			tables = append(tables, userTable(iid, name))
+			tables = append(tables, o)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		for _, t := range tables {
-			if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+t); err != nil {
+		for _, o := range tables {
+			if err := store.DropOwned(ctx, tx, o.owner, o.name); err != nil {
 				return err
 			}
 		}

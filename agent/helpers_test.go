@@ -2,8 +2,9 @@ package agent_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
-	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,11 +15,14 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/teststore"
 	"github.com/agentry/agentry/store"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+var pg pgtest.Cluster
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pg.Wrap(m)) }
 
 // waitLimit bounds every wait on a channel; it is a deadline for a broken
 // test, never a way to let time pass.
@@ -49,7 +53,7 @@ type rtEnv struct {
 	t      testing.TB
 	dir    string
 	clock  *clockwork.FakeClock
-	sqlite *sqlite.DB
+	sqlite store.DB // the database under db (SQLite or, with AGENTRY_TEST_STORE=postgres, PostgreSQL)
 	db     *notifyDB
 	rt     *agent.Runtime
 
@@ -80,10 +84,7 @@ func newRuntime(t testing.TB, o rtOptions) *rtEnv {
 	if o.idle == 0 {
 		o.idle = -1
 	}
-	sdb, err := sqlite.Open(ctx, filepath.Join(o.dir, "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sdb := teststore.Open(t, &pg, o.dir)
 	db := &notifyDB{DB: sdb, changed: make(chan struct{}, 1)}
 	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: o.idle,
 		MaxCallsPerConn: o.maxCalls, MaxInstances: o.maxInstances})
@@ -159,25 +160,52 @@ func (e *rtEnv) queryInt(q string, args ...any) int {
 	return n
 }
 
-// tableNames lists the user tables (u<id>_<name>) in sqlite_master.
+// userTables lists the instances' own tables as u<id>_<name>: on SQLite
+// the physical tables of that name in sqlite_master, on PostgreSQL the
+// (instance, name) pairs that have rows in the shared tables.
 func (e *rtEnv) userTables() map[string]bool {
 	e.t.Helper()
 	out := map[string]bool{}
 	ctx := context.Background()
-	err := e.sqlite.View(ctx, func(tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 'u[0-9]*_*'`)
-		if err != nil {
-			return err
-		}
+	scan := func(rows *sql.Rows, name func(string) string) error {
 		defer rows.Close()
 		for rows.Next() {
 			var n string
 			if err := rows.Scan(&n); err != nil {
 				return err
 			}
-			out[n] = true
+			out[name(n)] = true
 		}
 		return rows.Err()
+	}
+	err := e.sqlite.View(ctx, func(tx store.Tx) error {
+		if e.sqlite.Dialect() != "postgres" {
+			rows, err := tx.Query(ctx, `SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 'u[0-9]*_*'`)
+			if err != nil {
+				return err
+			}
+			return scan(rows, func(n string) string { return n })
+		}
+		rows, err := tx.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE 'ut\_%'`)
+		if err != nil {
+			return err
+		}
+		var shared []string
+		if err := scan(rows, func(n string) string { shared = append(shared, n); return "" }); err != nil {
+			return err
+		}
+		delete(out, "")
+		for _, table := range shared {
+			name := table[len("ut_"):strings.LastIndexByte(table, '_')]
+			rows, err := tx.Query(ctx, `SELECT DISTINCT CAST(agentry_instance AS TEXT) FROM `+table)
+			if err != nil {
+				return err
+			}
+			if err := scan(rows, func(id string) string { return "u" + id + "_" + name }); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		e.t.Fatal(err)

@@ -103,58 +103,54 @@ func (b Storage) Keys(ctx context.Context, prefix string) ([]string, error) {
 // table name written in braces, such as {extraction_runs}, names a table that
 // belongs to this instance alone: it is private to the instance and dropped
 // when the instance is destroyed. Placeholders are "?". Write portable SQL
-// (the subset SQLite and PostgreSQL share) so the agent runs on either.
+// (the subset SQLite and PostgreSQL share) so the agent runs on either; how
+// each engine keeps the tables (one per instance on SQLite, shared tables
+// keyed by instance on PostgreSQL) is the store's business (store.OwnedTx).
 type SQL struct {
 	ctx context.Context
-	tx  store.Tx
+	tx  store.Tx // owned: {name} resolves to the instance's tables
+	raw store.Tx
 	id  int64
 }
 
-var tableRef = regexp.MustCompile(`\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 var createTable = regexp.MustCompile(`(?i)^\s*CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
-func userTable(instanceID int64, name string) string {
-	return fmt.Sprintf("u%d_%s", instanceID, name)
-}
-
-func (s *SQL) rewrite(query string) string {
-	return tableRef.ReplaceAllStringFunc(query, func(m string) string {
-		return userTable(s.id, m[1:len(m)-1])
-	})
+func newSQL(ctx context.Context, tx store.Tx, in *instance) *SQL {
+	return &SQL{ctx: ctx, raw: tx, id: in.id, tx: store.OwnedTx(tx, store.Owner{ID: in.id, Class: in.class.Name})}
 }
 
 // Exec runs a statement.
 func (s *SQL) Exec(query string, args ...any) (sql.Result, error) {
 	if m := createTable.FindStringSubmatch(query); m != nil {
-		if _, err := s.tx.Exec(s.ctx, `INSERT INTO user_tables (instance_id, name) VALUES (?, ?)
+		if _, err := s.raw.Exec(s.ctx, `INSERT INTO user_tables (instance_id, name) VALUES (?, ?)
 			ON CONFLICT (instance_id, name) DO NOTHING`, s.id, m[1]); err != nil {
 			return nil, err
 		}
 	}
-	return s.tx.Exec(s.ctx, s.rewrite(query), args...)
+	return s.tx.Exec(s.ctx, query, args...)
 }
 
 // Query runs a query.
 func (s *SQL) Query(query string, args ...any) (*sql.Rows, error) {
-	return s.tx.Query(s.ctx, s.rewrite(query), args...)
+	return s.tx.Query(s.ctx, query, args...)
 }
 
 // QueryRow runs a query that returns at most one row.
 func (s *SQL) QueryRow(query string, args ...any) *sql.Row {
-	return s.tx.QueryRow(s.ctx, s.rewrite(query), args...)
+	return s.tx.QueryRow(s.ctx, query, args...)
 }
 
 // Update runs fn in a read-write transaction over the instance's tables and
 // commits it when fn returns nil.
 func (b Storage) Update(ctx context.Context, fn func(*SQL) error) error {
 	return b.in.db().Update(ctx, func(tx store.Tx) error {
-		return fn(&SQL{ctx: ctx, tx: tx, id: b.in.id})
+		return fn(newSQL(ctx, tx, b.in))
 	})
 }
 
 // View runs fn in a read-only transaction over the instance's tables.
 func (b Storage) View(ctx context.Context, fn func(*SQL) error) error {
 	return b.in.rt.db.View(ctx, func(tx store.Tx) error {
-		return fn(&SQL{ctx: ctx, tx: tx, id: b.in.id})
+		return fn(newSQL(ctx, tx, b.in))
 	})
 }

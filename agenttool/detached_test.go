@@ -278,8 +278,9 @@ func (w *detOutputWorker) AgentToolOutput(ctx context.Context, runID string) (an
 func detStart(t *testing.T, k *detKit, dir string) *testenv.Env {
 	t.Helper()
 	return testenv.Start(t, testenv.Options{
-		Dir:   dir,
-		Clock: k.clock,
+		Postgres: &pg,
+		Dir:      dir,
+		Clock:    k.clock,
 		Classes: []agent.Class{
 			{Name: "DetParent", New: func() agent.Agent { return &detParent{k: k} }, Public: true},
 			{Name: "DetFmtParent", New: func() agent.Agent { return &detFmtParent{detParent{k: k}} }, Public: true},

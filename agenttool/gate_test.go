@@ -52,6 +52,7 @@ func TestParentAnswersWhileAwaiting(t *testing.T) {
 	k := newKit()
 	k.researcher = heldModel(fake, scripted.Always(scripted.Reply{scripted.Text("Findings about the topic")}))
 	env := testenv.Start(t, testenv.Options{
+		Postgres: &pg,
 		Classes: []agent.Class{
 			{Name: "Lister", New: func() agent.Agent { return &lister{} }, Callable: []string{"research", "listRuns"}, Public: true},
 			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},

@@ -18,13 +18,16 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/pgtest"
 	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+var pg pgtest.Cluster
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pg.Wrap(m)) }
 
 // waitLimit bounds every wait: a deadline for a broken test, never a way
 // to let time pass.
@@ -221,6 +224,7 @@ type plain struct{ agent.Base }
 func startKit(t *testing.T, k *kit, opts agenttool.Options) *testenv.Env {
 	t.Helper()
 	return testenv.Start(t, testenv.Options{
+		Postgres: &pg,
 		Classes: []agent.Class{
 			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
 			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},

@@ -224,15 +224,18 @@ func (h *host) emitMilestone(ctx context.Context, cr *childRun, p Progress) erro
 		m.Data = d
 	}
 	err := h.b.DB().Update(context.WithoutCancel(ctx), func(tx store.Tx) error {
+		// The run row's UPDATE comes first: its row lock orders concurrent
+		// milestones of the run (on an engine with concurrent writers), so
+		// the next sequence is read after the one before committed.
+		if _, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET last_signal_at = ? WHERE instance_id = ? AND run_id = ?`, m.At, h.iid, cr.runID); err != nil {
+			return err
+		}
 		if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(sequence), -1) + 1 FROM agent_tool_milestones WHERE instance_id = ? AND run_id = ?`,
 			h.iid, cr.runID).Scan(&m.Sequence); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO agent_tool_milestones (instance_id, run_id, sequence, name, data_json, at) VALUES (?, ?, ?, ?, ?, ?)`,
-			h.iid, cr.runID, m.Sequence, m.Name, nullStr(string(m.Data)), m.At); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET last_signal_at = ? WHERE instance_id = ? AND run_id = ?`, m.At, h.iid, cr.runID)
+		_, err := tx.Exec(ctx, `INSERT INTO agent_tool_milestones (instance_id, run_id, sequence, name, data_json, at) VALUES (?, ?, ?, ?, ?, ?)`,
+			h.iid, cr.runID, m.Sequence, m.Name, nullStr(string(m.Data)), m.At)
 		return err
 	})
 	if err != nil {

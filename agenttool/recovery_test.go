@@ -264,8 +264,9 @@ func recStartWith(t *testing.T, k *recKit, dir string, ev *recEvents, setup func
 	t.Helper()
 	clock := clockwork.NewFakeClockAt(time.Now())
 	env := testenv.Start(t, testenv.Options{
-		Dir:   dir,
-		Clock: clock,
+		Postgres: &pg,
+		Dir:      dir,
+		Clock:    clock,
 		Classes: []agent.Class{
 			{Name: "RecParent", New: func() agent.Agent { return &recParent{k: k} }, Public: true},
 			{Name: "RecPlainParent", New: func() agent.Agent { return &recPlainParent{} }, Public: true},

@@ -154,6 +154,13 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 		milestones = string(b)
 	}
 	err = func() error {
+		// The parent's row lock orders concurrent dispatches (on an engine
+		// with concurrent writers), so the existence check and the
+		// concurrency cap below count what the dispatch before committed.
+		var locked int64
+		if err := tx.QueryRow(ctx, `SELECT id FROM instances WHERE id = ? FOR UPDATE`, h.iid).Scan(&locked); err != nil {
+			return err
+		}
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID).Scan(&n); err != nil {
 			return err

@@ -373,6 +373,14 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	var existing string
 	now := c.rt.Clock().Now().UnixMilli()
 	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
+		// The instance's row lock orders concurrent acceptances (on an
+		// engine with concurrent writers): the submission key check and
+		// the next transcript position below read what the one before
+		// wrote.
+		var locked int64
+		if err := tx.QueryRow(ctx, `SELECT id FROM instances WHERE id = ? FOR UPDATE`, c.iid).Scan(&locked); err != nil {
+			return err
+		}
 		if req.key != "" {
 			err := tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
 			if err == nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,13 +18,16 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/pgtest"
 	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/teststore"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/store"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+var pg pgtest.Cluster
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(pg.Wrap(m)) }
 
 // waitLimit bounds every wait: a deadline for a broken test, never a way to
 // let time pass.
@@ -195,7 +197,7 @@ func (d *countingDB) waitFor(t *testing.T, what string, cond func() bool) {
 // rig is a runtime on a SQLite file, without a server.
 type rig struct {
 	dir   string
-	sq    *sqlite.DB
+	sq    store.DB
 	db    *countingDB
 	rt    *agent.Runtime
 	hub   *diag.Hub
@@ -220,10 +222,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	if o.clock == nil {
 		o.clock = clockwork.NewFakeClock()
 	}
-	sq, err := sqlite.Open(ctx, filepath.Join(o.dir, "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sq := teststore.Open(t, &pg, o.dir)
 	db := newCountingDB(sq)
 	hub := diag.New(nil, o.clock.Now)
 	r := &rig{dir: o.dir, sq: sq, db: db, hub: hub, turns: watch(hub, diag.ChannelChat)}
@@ -353,9 +352,10 @@ func startEnv(t *testing.T, dir string, rtClock clockwork.Clock, cfg chat.Config
 	t.Helper()
 	var turns *eventLog
 	env := testenv.Start(t, testenv.Options{
-		Dir:     dir,
-		Clock:   rtClock,
-		Classes: classes,
+		Postgres: &pg,
+		Dir:      dir,
+		Clock:    rtClock,
+		Classes:  classes,
 		Setup: func(rt *agent.Runtime) error {
 			chat.Configure(rt, cfg)
 			turns = watch(rt.Diag(), diag.ChannelChat)

@@ -3,7 +3,6 @@ package chat_test
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,9 +13,9 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/teststore"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
 const modelDelay = time.Second
@@ -89,10 +88,8 @@ func allText(m message.Message) string {
 func streamStatus(t *testing.T, dir, id string) string {
 	t.Helper()
 	ctx := context.Background()
-	db, err := sqlite.Open(ctx, filepath.Join(dir, "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := teststore.Open(t, &pg, dir)
+	var err error
 	defer db.Close()
 	var status string
 	err = db.View(ctx, func(tx store.Tx) error {
@@ -322,10 +319,7 @@ func TestRecoverCollectsFinishedStream(t *testing.T) {
 	// Undo the end's transaction: the turn unfinished, its answer unsaved,
 	// every chunk (finish included) stored.
 	ctx := testCtx(t)
-	db, err := sqlite.Open(ctx, filepath.Join(dir, "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := teststore.Open(t, &pg, dir)
 	err = db.Update(ctx, func(tx store.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE chat_streams SET status = 'streaming', outcome = NULL, finished_at = NULL WHERE id = ?`, res.ID); err != nil {
 			return err

@@ -113,10 +113,11 @@ func checkErrorFrames(t *testing.T, fs []wireFrame, id, errText, userID string) 
 func TestModelErrorOnTheWire(t *testing.T) {
 	var logs testenv.Logs
 	env := testenv.Start(t, testenv.Options{
-		Classes: []agent.Class{chatClass("Bot", &kit{model: failingModel()})},
-		Logger:  logs.Logger(),
-		Clock:   clockwork.NewFakeClock(),
-		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
+		Postgres: &pg,
+		Classes:  []agent.Class{chatClass("Bot", &kit{model: failingModel()})},
+		Logger:   logs.Logger(),
+		Clock:    clockwork.NewFakeClock(),
+		Setup:    func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
 	})
 	c := dial(t, env, "/agents/bot/err")
 	c.handshake()

@@ -67,7 +67,8 @@ type Cluster struct {
 	proc   *os.Process
 	exited chan struct{} // closed once postgres exited
 	logs   *tail
-	n      int // databases created
+	n      int               // databases created
+	named  map[string]string // Named's key → database
 }
 
 // Wrap returns m with a Run that stops the cluster after the tests ran,
@@ -127,6 +128,33 @@ func (c *Cluster) URL(t testing.TB) string {
 		}
 	})
 	return c.url(name)
+}
+
+// Named is URL for a database that outlives one open: the first call with
+// key creates the database (dropped when that t ends), later calls with
+// the same key return the same one. A test that restarts a server on the
+// same data folder passes the folder as key.
+func (c *Cluster) Named(t testing.TB, key string) string {
+	t.Helper()
+	c.mu.Lock()
+	url, ok := c.named[key]
+	c.mu.Unlock()
+	if ok {
+		return url
+	}
+	url = c.URL(t)
+	c.mu.Lock()
+	if c.named == nil {
+		c.named = make(map[string]string)
+	}
+	c.named[key] = url
+	c.mu.Unlock()
+	t.Cleanup(func() {
+		c.mu.Lock()
+		delete(c.named, key)
+		c.mu.Unlock()
+	})
+	return url
 }
 
 // AdminURL returns the URL of the cluster's "postgres" database, for

@@ -20,8 +20,10 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/teststore"
 	"github.com/agentry/agentry/server"
-	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/store"
 )
 
 // Options configure Start.
@@ -48,12 +50,16 @@ type Options struct {
 	// Setup runs after the runtime is created and before it starts, to
 	// register classes that need the runtime.
 	Setup func(rt *agent.Runtime) error
+	// Postgres, when set and AGENTRY_TEST_STORE=postgres, puts the data on
+	// a database of this scratch cluster, named by Dir, instead of SQLite
+	// (see internal/teststore).
+	Postgres *pgtest.Cluster
 }
 
 // Env is a running server.
 type Env struct {
 	Dir    string
-	DB     *sqlite.DB
+	DB     store.DB
 	RT     *agent.Runtime
 	Server *server.Server
 	HTTP   *httptest.Server
@@ -69,10 +75,7 @@ func Start(t testing.TB, opts Options) *Env {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	db, err := sqlite.Open(ctx, filepath.Join(dir, "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := teststore.Open(t, opts.Postgres, dir)
 	idle := opts.IdleTimeout
 	if idle == 0 {
 		idle = -1

@@ -59,7 +59,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -246,7 +248,7 @@ func (db *DB) Dialect() string { return "sqlite" }
 // package comment), and returns once that commit returned: nil when fn's
 // writes are durable, fn's error when fn failed (its writes rolled back).
 func (db *DB) Update(ctx context.Context, fn func(store.Tx) error) error {
-	return db.w.update(ctx, fn)
+	return db.w.update(ctx, store.Fenced(ctx, fn))
 }
 
 // View runs fn in a read-only transaction on a reader connection.
@@ -340,6 +342,7 @@ func (t *tx) begin(ctx context.Context, args []any) error {
 }
 
 func (t *tx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	q = stripLocking(q)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.begin(ctx, args); err != nil {
@@ -349,6 +352,7 @@ func (t *tx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error
 }
 
 func (t *tx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	q = stripLocking(q)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.begin(ctx, args); err != nil {
@@ -362,6 +366,7 @@ func (t *tx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 }
 
 func (t *tx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	q = stripLocking(q)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err := t.begin(ctx, args); err != nil {
@@ -400,6 +405,25 @@ func (t *tx) abort(idle func() bool) bool {
 	}
 	return true
 }
+
+// stripLocking removes a trailing row-locking clause (FOR UPDATE, FOR
+// SHARE, optionally NOWAIT or SKIP LOCKED), which portable SQL may end a
+// SELECT with: SQLite has one writer, so a write transaction holds every
+// row it reads already.
+func stripLocking(q string) string {
+	end := strings.TrimRight(q, " \t\r\n;")
+	if n := len(end); n < 6 {
+		return q
+	} else if tail := strings.ToUpper(end[max(0, n-6):]); tail != "UPDATE" && tail != "NOWAIT" && tail != "LOCKED" && !strings.HasSuffix(tail, "SHARE") {
+		return q
+	}
+	if loc := lockingClause.FindStringIndex(end); loc != nil {
+		return end[:loc[0]]
+	}
+	return q
+}
+
+var lockingClause = regexp.MustCompile(`(?is)\s+FOR\s+(?:UPDATE|SHARE|NO\s+KEY\s+UPDATE|KEY\s+SHARE)(?:\s+OF\s+[\w, ]+?)?(?:\s+(?:NOWAIT|SKIP\s+LOCKED))?$`)
 
 // failedContext is a done context whose Err is a given error.
 type failedContext struct{ err error }

@@ -1,0 +1,44 @@
+// Package teststore opens the store.DB a test runs on: SQLite in the
+// test's data folder by default, or a PostgreSQL database of a scratch
+// cluster (internal/pgtest) when AGENTRY_TEST_STORE=postgres, so the
+// storage-using tests of agent, chat and agenttool run on either engine:
+//
+//	AGENTRY_TEST_STORE=postgres go test ./chat ./agenttool
+package teststore
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/store/postgres"
+	"github.com/agentry/agentry/store/sqlite"
+)
+
+// Postgres reports whether tests run on PostgreSQL
+// (AGENTRY_TEST_STORE=postgres).
+func Postgres() bool { return os.Getenv("AGENTRY_TEST_STORE") == "postgres" }
+
+// Open opens the database of data folder dir: dir/agentry.db on SQLite,
+// or on PostgreSQL (when Postgres() and pg is not nil) the database of
+// pg named by dir, so that reopening the same folder reopens the same
+// data. The caller closes it.
+func Open(t testing.TB, pg *pgtest.Cluster, dir string) store.DB {
+	t.Helper()
+	ctx := context.Background()
+	if pg != nil && Postgres() {
+		db, err := postgres.Open(ctx, pg.Named(t, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return db
+	}
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "agentry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
