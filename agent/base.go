@@ -184,7 +184,7 @@ func (rt *Runtime) Destroy(ctx context.Context, path Path) error {
 		in.mu.Unlock()
 		in.closeConns(1000, "agent destroyed")
 	}
-	err := rt.db.Update(ctx, func(tx store.Tx) error {
+	err := rt.dbFor(path).Update(ctx, func(tx store.Tx) error {
 		var id int64
 		err := tx.QueryRow(ctx, `SELECT id FROM instances WHERE path = ?`, key).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {

@@ -649,3 +649,31 @@ type StreamChunk struct {
 	Seq  int
 	Body string
 }
+
+// StoredChunks returns the committed chunks of the stream id of the
+// instance at path with a sequence greater than afterSeq, read from db
+// rather than from the instance, which may be served by another node of a
+// cluster (agent tools follow a child on another node with it).
+func StoredChunks(ctx context.Context, db store.DB, path agent.Path, id string, afterSeq int) ([]StreamChunk, error) {
+	var out []StreamChunk
+	err := db.View(ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT c.seq, c.body FROM chat_chunks c JOIN instances i ON i.id = c.instance_id
+			WHERE i.path = ? AND c.stream_id = ? AND c.seq > ? ORDER BY c.seq`, path.String(), id, afterSeq)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c StreamChunk
+			if err := rows.Scan(&c.Seq, &c.Body); err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("chat: stored chunks of %s: %w", id, err)
+	}
+	return out, nil
+}
