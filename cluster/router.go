@@ -44,6 +44,9 @@ type Router struct {
 	// (server.Server.ParseRoute); ok false means not an agent route.
 	// Required.
 	Route func(escapedPath string) (path agent.Path, ok bool)
+	// Peer serves the node-to-node calls (Peer.Handler) under PeerPrefix;
+	// nil answers them 404.
+	Peer http.Handler
 	// MaxSockets bounds the WebSockets bridged at once; zero means 10,000.
 	MaxSockets int
 	// Logger receives the router's logs; nil means slog.Default().
@@ -72,6 +75,14 @@ func (rt *Router) init() {
 // ServeHTTP routes a request to the instance's owner.
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.init()
+	if strings.HasPrefix(r.URL.Path, PeerPrefix) {
+		if rt.Peer == nil {
+			http.NotFound(w, r)
+			return
+		}
+		rt.Peer.ServeHTTP(w, r)
+		return
+	}
 	path, ok := rt.Route(r.URL.EscapedPath())
 	if !ok || rt.Node.Owns(path) {
 		rt.Local.ServeHTTP(w, r)
