@@ -9,13 +9,17 @@ import (
 )
 
 // Fence is the check that every write transaction of the instance at path
-// runs first (agent.Options.Fence). It refuses at once when this node is
-// past the lease's local deadline or no longer holds it, and otherwise
-// locks the shard's lease row in share mode and compares its owner and
+// runs first (agent.Options.Placement). It refuses at once when this node
+// is past the lease's local deadline or no longer holds it, and otherwise
+// locks the shard's lease row (FOR KEY SHARE) and compares its owner and
 // epoch with the lease this node acquired. The lock lasts until the
-// transaction ends, so a takeover (which raises the epoch) waits for it or
-// skips the shard: a transaction either commits before the takeover or
-// fails. The transaction's idle timeout is set to a quarter of the lease,
+// transaction ends. A takeover locks the row FOR UPDATE, which conflicts
+// with it, so the takeover skips the shard until the transaction ended (or
+// the transaction, arriving second, reads the new epoch and fails): a
+// transaction either commits before the takeover or fails. The owner's
+// own renewals (plain UPDATEs, FOR NO KEY UPDATE) do not conflict with it,
+// so writes never hold up a renewal, and two fences in one transaction
+// (a child's and its parent's) cannot deadlock with one. The transaction's idle timeout is set to a quarter of the lease,
 // so a node paused inside a transaction (SIGSTOP) loses the transaction,
 // and the lock, to the database instead of holding the shard.
 func (n *Node) Fence(ctx context.Context, tx store.Tx, path agent.Path) error {
@@ -36,7 +40,7 @@ func (n *Node) Fence(ctx context.Context, tx store.Tx, path agent.Path) error {
 	var got int64
 	var set string
 	err := tx.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', ?, true), COALESCE(owner, ''), epoch
-		FROM cluster_shards WHERE shard = ? FOR SHARE`, fmt.Sprint((n.cfg.Lease/4).Milliseconds()), s).Scan(&set, &owner, &got)
+		FROM cluster_shards WHERE shard = ? FOR KEY SHARE`, fmt.Sprint((n.cfg.Lease/4).Milliseconds()), s).Scan(&set, &owner, &got)
 	if err != nil {
 		return fmt.Errorf("cluster: fence shard %d: %w", s, err)
 	}

@@ -144,6 +144,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, shards int) error {
 			expires_at BIGINT NOT NULL DEFAULT 0)`); err != nil {
 			return err
 		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS cluster_config (key TEXT PRIMARY KEY, value TEXT NOT NULL)`); err != nil {
+			return err
+		}
 		var have int
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM cluster_shards`).Scan(&have); err != nil {
 			return err

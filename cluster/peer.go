@@ -57,9 +57,6 @@ func Secret(ctx context.Context, n *Node) (string, error) {
 	}
 	var s string
 	err := pgx.BeginFunc(ctx, n.cfg.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS cluster_config (key TEXT PRIMARY KEY, value TEXT NOT NULL)`); err != nil {
-			return err
-		}
 		if _, err := tx.Exec(ctx, `INSERT INTO cluster_config (key, value) VALUES ('peer_secret', $1) ON CONFLICT DO NOTHING`, hex.EncodeToString(b[:])); err != nil {
 			return err
 		}

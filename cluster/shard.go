@@ -8,7 +8,7 @@
 // Instances hash by their full path to a fixed set of shards (1,024 by
 // default). A node owns a shard while it holds the shard's lease; each
 // acquisition raises the lease's epoch. Every write transaction of an
-// instance first locks its shard's lease row (SELECT … FOR SHARE) and checks
+// instance first locks its shard's lease row (SELECT … FOR KEY SHARE) and checks
 // that this node still holds it with the epoch it acquired, as Temporal's
 // RangeID: a node that lost a lease, even one that was paused and woke up
 // past it, can no longer write. A node stops serving a shard before its

@@ -1,0 +1,290 @@
+// Package clustercrash runs cluster nodes as processes on loopback over one
+// scratch PostgreSQL and checks the cluster's promises: a parent's children
+// spread over the nodes, a request to any node reaches the owner, and the
+// death of a node (kill -9) loses no run, fires each finish hook once and
+// runs no finished child again.
+package clustercrash
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/cluster"
+	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/testenv"
+)
+
+var (
+	pg  pgtest.Cluster
+	bin = &testenv.Binary{Pkg: "github.com/agentry/agentry/test/clustercrash/server", Race: testenv.Race}
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(pg.Wrap(m), goleak.Cleanup(func(code int) {
+		bin.Remove()
+		os.Exit(code)
+	}))
+}
+
+// fanOut is the size of the fan-outs; AGENTRY_CLUSTER_FANOUT overrides it.
+func fanOut() int {
+	if n, err := strconv.Atoi(os.Getenv("AGENTRY_CLUSTER_FANOUT")); err == nil && n > 0 {
+		return n
+	}
+	return 1000
+}
+
+type env struct {
+	t     *testing.T
+	url   string
+	pool  *pgxpool.Pool
+	nodes map[string]*testenv.Process
+}
+
+func newEnv(t *testing.T) *env {
+	url := pg.URL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &env{t: t, url: url, pool: pool, nodes: map[string]*testenv.Process{}}
+}
+
+func (e *env) start(id string) *testenv.Process {
+	e.t.Helper()
+	p := testenv.StartProcess(e.t, 60*time.Second, bin.Path(e.t), "-postgres", e.url, "-node-id", id, "-lease", "2s", "-delay", "10ms")
+	e.nodes[id] = p
+	return p
+}
+
+// until polls cond (a read of the shared database or of a node) until it
+// holds, for at most limit. The nodes are other processes: there is no
+// event to wait for in this one.
+func (e *env) until(limit time.Duration, what string, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+// owners returns the live owner of each shard.
+func (e *env) owners() map[int]string {
+	rows, err := e.pool.Query(context.Background(), `SELECT shard, owner FROM cluster_shards WHERE owner IS NOT NULL`)
+	if err != nil {
+		return nil // the nodes have not created the table yet
+	}
+	defer rows.Close()
+	out := map[int]string{}
+	for rows.Next() {
+		var s int
+		var o string
+		if err := rows.Scan(&s, &o); err != nil {
+			e.t.Fatal(err)
+		}
+		out[s] = o
+	}
+	return out
+}
+
+// balanced waits until each of ids owns a share of the shards.
+func (e *env) balanced(ids ...string) {
+	e.t.Helper()
+	e.until(60*time.Second, "balanced shards", func() bool {
+		count := map[string]int{}
+		for _, o := range e.owners() {
+			count[o]++
+		}
+		total := 0
+		for _, id := range ids {
+			if count[id] < cluster.DefaultShards/len(ids)-8 {
+				return false
+			}
+			total += count[id]
+		}
+		return total == cluster.DefaultShards
+	})
+}
+
+// fanName returns a Fan instance name whose shard owner is id.
+func (e *env) fanName(id string) string {
+	own := e.owners()
+	for i := range 100000 {
+		name := fmt.Sprint("fan", i)
+		if own[cluster.ShardOf(agent.Path{{Class: "Fan", Name: name}}, cluster.DefaultShards)] == id {
+			return name
+		}
+	}
+	e.t.Fatal("no name")
+	return ""
+}
+
+func get(t *testing.T, host, path string, out any) error {
+	c := &http.Client{Timeout: 120 * time.Second}
+	resp, err := c.Get("http://" + host + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %d %s", path, resp.StatusCode, body)
+	}
+	return json.Unmarshal(body, out)
+}
+
+// count runs a count query on the shared database.
+func (e *env) count(q string, args ...any) int {
+	var n int
+	if err := e.pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// childrenDone counts the finished child runs of the fan.
+func (e *env) childrenDone(tag string) int {
+	return e.count(`SELECT count(*) FROM agent_tool_child_runs WHERE run_id LIKE $1 AND completed_at IS NOT NULL`, tag+"-%")
+}
+
+// parentTerminal counts the parent's registry rows in a terminal state.
+func (e *env) parentTerminal(tag string) int {
+	return e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE $1 AND status IN ('completed', 'error', 'aborted', 'interrupted')`, tag+"-%")
+}
+
+// check asserts the invariants after a fan-out of n runs under tag on
+// the fan name, asked through host: every run completed, each finish hook
+// fired once, and no child ran a second turn.
+func (e *env) check(host, name, tag string, n int) {
+	e.t.Helper()
+	e.until(90*time.Second, "every run terminal", func() bool { return e.parentTerminal(tag) == n })
+	var fin map[string]int
+	e.until(30*time.Second, "the finish ledger", func() bool {
+		fin = nil
+		return get(e.t, host, "/agents/fan/"+name+"/finishes", &fin) == nil && fin["runs"] == n
+	})
+	if fin["repeated"] != 0 || fin["status:completed"] != n {
+		e.t.Errorf("finish ledger: %v (want %d runs, each completed once)", fin, n)
+	}
+	if got := e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE $1 AND status = 'completed'`, tag+"-%"); got != n {
+		e.t.Errorf("%d of %d runs completed", got, n)
+	}
+	// A finished child never runs again: one turn per child.
+	if twice := e.count(`SELECT count(*) FROM (SELECT s.instance_id FROM chat_streams s JOIN instances i ON i.id = s.instance_id
+		WHERE i.class = 'Worker' AND i.name LIKE $1 GROUP BY s.instance_id HAVING count(*) > 1) x`, tag+"-%"); twice != 0 {
+		e.t.Errorf("%d children ran more than one turn", twice)
+	}
+}
+
+// spread asserts that each node owns at least 20 % of the children.
+func (e *env) spread(name, tag string, n int, ids ...string) {
+	e.t.Helper()
+	own := e.owners()
+	count := map[string]int{}
+	parent := agent.Path{{Class: "Fan", Name: name}}
+	for i := range n {
+		count[own[cluster.ShardOf(parent.Child("Worker", fmt.Sprintf("%s-%d", tag, i)), cluster.DefaultShards)]]++
+	}
+	for _, id := range ids {
+		if count[id]*5 < n {
+			e.t.Errorf("node %s owns %d of %d children: %v", id, count[id], n, count)
+		}
+	}
+}
+
+func TestFanOutOverThreeNodes(t *testing.T) {
+	e := newEnv(t)
+	a, b, _ := e.start("a"), e.start("b"), e.start("c")
+	e.balanced("a", "b", "c")
+	n := fanOut()
+	name := e.fanName("a")
+	e.spread(name, "f", n, "a", "b", "c")
+	// Asked through b, which does not own the parent: forwarded to a.
+	var st map[string]int
+	t0 := time.Now()
+	if err := get(t, b.Host, fmt.Sprintf("/agents/fan/%s/fan-out?n=%d&tag=f", name, n), &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fan-out of %d over 3 nodes: %v in %v", n, st, time.Since(t0))
+	if st["completed"] != n {
+		t.Fatalf("statuses %v, want %d completed", st, n)
+	}
+	e.check(a.Host, name, "f", n)
+}
+
+// killDuring runs a fan-out whose parent is on node "a" and kills victim
+// once a quarter of the children finished.
+func killDuring(t *testing.T, victim string) {
+	e := newEnv(t)
+	e.start("a")
+	b := e.start("b")
+	e.start("c")
+	e.balanced("a", "b", "c")
+	n := fanOut()
+	name := e.fanName("a")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var st map[string]int
+		// Through b; the request is cut if a dies.
+		_ = get(t, b.Host, fmt.Sprintf("/agents/fan/%s/fan-out?n=%d&tag=k", name, n), &st)
+	}()
+	e.until(60*time.Second, "a quarter of the children done", func() bool { return e.childrenDone("k") >= n/4 })
+	if err := e.nodes[victim].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed %s with %d of %d children done", victim, e.childrenDone("k"), n)
+	var ask *testenv.Process
+	for id, p := range e.nodes {
+		if id != victim && id != "a" || (id == "a" && victim != "a") {
+			ask = p
+			break
+		}
+	}
+	// The parent's recovery runs when it is hydrated: asking for its
+	// ledger (through any live node) hydrates it on its owner.
+	e.until(60*time.Second, "the parent served again", func() bool {
+		var fin map[string]int
+		return get(t, ask.Host, "/agents/fan/"+name+"/finishes", &fin) == nil
+	})
+	e.check(ask.Host, name, "k", n)
+	wg.Wait()
+}
+
+func TestKillParentNode(t *testing.T) { killDuring(t, "a") }
+
+func TestKillChildNode(t *testing.T) { killDuring(t, "c") }
+
+func TestOneNodeTakesEveryShard(t *testing.T) {
+	e := newEnv(t)
+	a := e.start("a")
+	e.balanced("a")
+	name := e.fanName("a")
+	var st map[string]int
+	if err := get(t, a.Host, fmt.Sprintf("/agents/fan/%s/fan-out?n=10&tag=one", name), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st["completed"] != 10 {
+		t.Fatalf("statuses %v", st)
+	}
+	e.check(a.Host, name, "one", 10)
+}
