@@ -1,7 +1,6 @@
 package agenttool
 
 import (
-	"time"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
