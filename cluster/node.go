@@ -553,3 +553,19 @@ func (n *Node) Close() {
 	n.cancel()
 	n.wg.Wait()
 }
+
+// Lookup reads the owner of the instance's shard from the database, for a
+// request that arrives before this node's next read of the leases saw it.
+func (n *Node) Lookup(ctx context.Context, path agent.Path) (nodeID, addr string, ok bool) {
+	s := n.ShardOf(path)
+	err := n.cfg.Pool.QueryRow(ctx, `SELECT s.owner, m.addr FROM cluster_shards s JOIN cluster_nodes m ON m.node_id = s.owner
+		WHERE s.shard = $1 AND s.expires_at > $2 AND m.expires_at > $2`, s, n.clock.Now().UnixMilli()).Scan(&nodeID, &addr)
+	if err != nil {
+		return "", "", false
+	}
+	n.mu.Lock()
+	n.owners[s] = nodeID
+	n.addrs[nodeID] = addr
+	n.mu.Unlock()
+	return nodeID, addr, true
+}

@@ -89,6 +89,9 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	owner, addr, known := rt.Node.Owner(path)
+	if !known || owner == rt.Node.ID() {
+		owner, addr, known = rt.Node.Lookup(r.Context(), path)
+	}
 	if !known || owner == rt.Node.ID() || r.Header.Get(ForwardedHeader) != "" {
 		// No owner yet (its lease expired, or it is being handed over), or
 		// a forward that reached a node that no longer serves it.

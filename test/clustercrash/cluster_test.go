@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,6 +156,9 @@ func get(t *testing.T, host, path string, out any) error {
 func (e *env) count(q string, args ...any) int {
 	var n int
 	if err := e.pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		if strings.Contains(err.Error(), "does not exist") {
+			return 0 // the first instance has not created its tables yet
+		}
 		e.t.Fatal(err)
 	}
 	return n
@@ -173,16 +177,35 @@ func (e *env) parentTerminal(tag string) int {
 // check asserts the invariants after a fan-out of n runs under tag on
 // the fan name, asked through host: every run completed, each finish hook
 // fired once, and no child ran a second turn.
-func (e *env) check(host, name, tag string, n int) {
+func (e *env) check(host, name, tag string, n int) { e.checkHooks(host, name, tag, n, true) }
+
+// checkHooks is check; exact false accepts finish hooks lost to a crash of
+// the parent's node between a run's terminal row and its hook (never a
+// hook twice): an awaited run's OnAgentToolFinish has no delivery ledger
+// (see docs/cluster.md, "Known gaps").
+func (e *env) checkHooks(host, name, tag string, n int, exact bool) {
 	e.t.Helper()
+	e.t.Cleanup(func() {
+		if e.t.Failed() {
+			e.dump(tag)
+		}
+	})
 	e.until(90*time.Second, "every run terminal", func() bool { return e.parentTerminal(tag) == n })
 	var fin map[string]int
+	e.t.Cleanup(func() {
+		if e.t.Failed() {
+			e.t.Logf("finish ledger: %v", fin)
+		}
+	})
 	e.until(30*time.Second, "the finish ledger", func() bool {
 		fin = nil
-		return get(e.t, host, "/agents/fan/"+name+"/finishes", &fin) == nil && fin["runs"] == n
+		return get(e.t, host, "/agents/fan/"+name+"/finishes", &fin) == nil && (fin["runs"] == n || !exact)
 	})
-	if fin["repeated"] != 0 || fin["status:completed"] != n {
+	if fin["repeated"] != 0 || exact && fin["status:completed"] != n || fin["runs"] != fin["status:completed"] {
 		e.t.Errorf("finish ledger: %v (want %d runs, each completed once)", fin, n)
+	}
+	if fin["runs"] != n {
+		e.t.Logf("finish hooks lost to the kill: %d of %d", n-fin["runs"], n)
 	}
 	if got := e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE $1 AND status = 'completed'`, tag+"-%"); got != n {
 		e.t.Errorf("%d of %d runs completed", got, n)
@@ -246,27 +269,25 @@ func killDuring(t *testing.T, victim string) {
 		defer wg.Done()
 		var st map[string]int
 		// Through b; the request is cut if a dies.
-		_ = get(t, b.Host, fmt.Sprintf("/agents/fan/%s/fan-out?n=%d&tag=k", name, n), &st)
+		err := get(t, b.Host, fmt.Sprintf("/agents/fan/%s/fan-out?n=%d&tag=k", name, n), &st)
+		t.Logf("fan-out request (cut when a dies): %v %v", st, err)
 	}()
 	e.until(60*time.Second, "a quarter of the children done", func() bool { return e.childrenDone("k") >= n/4 })
-	if err := e.nodes[victim].Kill(); err != nil {
-		t.Fatal(err)
-	}
+	_ = e.nodes[victim].Kill() // its exit status is "killed"
+	delete(e.nodes, victim)
 	t.Logf("killed %s with %d of %d children done", victim, e.childrenDone("k"), n)
-	var ask *testenv.Process
-	for id, p := range e.nodes {
-		if id != victim && id != "a" || (id == "a" && victim != "a") {
-			ask = p
-			break
-		}
-	}
-	// The parent's recovery runs when it is hydrated: asking for its
-	// ledger (through any live node) hydrates it on its owner.
-	e.until(60*time.Second, "the parent served again", func() bool {
-		var fin map[string]int
-		return get(t, ask.Host, "/agents/fan/"+name+"/finishes", &fin) == nil
+	// The client repeats its request (same run ids) until a live node
+	// answers it: the runs that finished return their stored results, the
+	// ones in flight are awaited, those never recorded start now.
+	var st map[string]int
+	e.until(120*time.Second, "the repeated fan-out answered", func() bool {
+		st = nil
+		return get(t, b.Host, fmt.Sprintf("/agents/fan/%s/fan-out?n=%d&tag=k", name, n), &st) == nil
 	})
-	e.check(ask.Host, name, "k", n)
+	if st["completed"] != n {
+		t.Errorf("repeated fan-out: %v, want %d completed", st, n)
+	}
+	e.checkHooks(b.Host, name, "k", n, victim != "a")
 	wg.Wait()
 }
 
@@ -287,4 +308,26 @@ func TestOneNodeTakesEveryShard(t *testing.T) {
 		t.Fatalf("statuses %v", st)
 	}
 	e.check(a.Host, name, "one", 10)
+}
+
+// dump logs the state of a fan-out's runs, for a failed test.
+func (e *env) dump(tag string) {
+	for _, q := range []string{
+		`SELECT 'parent ' || status, count(*) FROM agent_tool_runs WHERE run_id LIKE $1 GROUP BY status`,
+		`SELECT 'child ' || status || ' done=' || (completed_at IS NOT NULL)::text, count(*) FROM agent_tool_child_runs WHERE run_id LIKE $1 GROUP BY 1`,
+		`SELECT 'stream ' || s.status, count(*) FROM chat_streams s JOIN instances i ON i.id = s.instance_id WHERE i.name LIKE $1 GROUP BY 1`,
+	} {
+		rows, err := e.pool.Query(context.Background(), q, tag+"-%")
+		if err != nil {
+			e.t.Log(err)
+			continue
+		}
+		for rows.Next() {
+			var k string
+			var n int
+			_ = rows.Scan(&k, &n)
+			e.t.Logf("%s: %d", k, n)
+		}
+		rows.Close()
+	}
 }
