@@ -100,7 +100,9 @@ func (p *Peer) call(ctx context.Context, path agent.Path, op string, in, out any
 		return err
 	}
 	clock := p.Node.clock
-	deadline := clock.Now().Add(2 * p.Node.Lease())
+	// Long enough for a dead owner's lease to expire and a new owner to
+	// take the shard.
+	deadline := clock.Now().Add(4 * p.Node.Lease())
 	wait := 20 * time.Millisecond
 	for {
 		if p.Node.Owns(path) {
@@ -109,7 +111,15 @@ func (p *Peer) call(ctx context.Context, path agent.Path, op string, in, out any
 				return err
 			}
 		} else if _, addr, ok := p.Node.Owner(path); ok {
-			err = p.post(ctx, addr, op, body, out)
+			// One attempt lasts at most half a lease: an owner that does
+			// not answer (paused, or dying) loses the shard soon, and the
+			// call goes to the next owner (both calls are idempotent).
+			actx, cancel := context.WithTimeout(ctx, p.Node.Lease()/2)
+			err = p.post(actx, addr, op, body, out)
+			cancel()
+			if err != nil && ctx.Err() == nil && actx.Err() != nil {
+				err = fmt.Errorf("%w: %w", errMoving, err)
+			}
 			if err == nil || !errors.Is(err, errMoving) {
 				return err
 			}
