@@ -448,3 +448,29 @@ func TestPausedOwnerWritesNothingAfterLosingItsLease(t *testing.T) {
 	}
 	t.Logf("checked %d writes of the paused node, %d after it lost the lease", checked, late)
 }
+
+// TestNPMChatThroughNonOwner runs the real npm chat clients
+// (test/npm/chat.mjs: a streamed answer, a tool turn, a reload mid-stream
+// that resumes every chunk once, cancel, get-messages, clear) against a
+// node that does not own the chat: every socket and request is forwarded
+// to the owner.
+func TestNPMChatThroughNonOwner(t *testing.T) {
+	testenv.RequireNode(t)
+	e := newEnv(t)
+	e.start("a")
+	b := e.start("b")
+	e.balanced("a", "b")
+	own := e.owners()
+	room := ""
+	for i := range 100000 {
+		r := fmt.Sprint("room", i)
+		if own[cluster.ShardOf(agent.Path{{Class: "EchoChat", Name: r}}, cluster.DefaultShards)] == "a" {
+			room = r
+			break
+		}
+	}
+	out := testenv.Node(t, 120*time.Second, "chat.mjs", b.Host, room)
+	if !strings.Contains(out, "PASS chat") {
+		t.Fatalf("script did not pass:\n%s", out)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/examples/echochat"
 	"github.com/agentry/agentry/internal/clusterserve"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -165,6 +166,7 @@ func main() {
 		worker := scripted.New(scripted.WithChunkSize(4), scripted.WithDelay(*delay),
 			scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("done done done done")})))
 		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker} }, Public: true})
+		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
 		srv := server.New(server.Options{Runtime: rt, Logger: logger})
 		return clusterserve.App{Runtime: rt, Handler: srv,
