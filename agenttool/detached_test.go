@@ -687,7 +687,10 @@ func TestDetachedDispatch(t *testing.T) {
 		t.Fatalf("terminal frames = %+v", tf)
 	}
 
-	// The tick finds nothing outstanding: the backbone goes quiet.
+	// The tick finds nothing outstanding: the backbone goes quiet. (The
+	// delivered mark commits after OnDone returned: wait for it, or the
+	// tick may still see the delivery outstanding.)
+	d.wait(t, ctx, "delivered mark", diag.ChannelAgentTool, "detached:delivered", detAttr("runId", "d1"))
 	detTickNext(t, ctx, k, d, p)
 	if rs := detReconciles(t, p); len(rs) != 0 {
 		t.Fatalf("reconcile still scheduled after everything was delivered: %+v", rs)

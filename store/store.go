@@ -3,12 +3,25 @@
 //
 // A DB runs portable SQL: statements use "?" placeholders and the subset of
 // SQL that SQLite and PostgreSQL share (INSERT … ON CONFLICT, RETURNING,
-// BIGINT time stamps in Unix milliseconds, TEXT for JSON). Implementations
-// rewrite placeholders for their engine, so packages above this one keep their
-// SQL next to the code that uses it and never see the dialect.
+// BIGINT time stamps in Unix milliseconds, TEXT for JSON, INTEGER PRIMARY
+// KEY AUTOINCREMENT for a numbered row). Implementations rewrite it for
+// their engine, so packages above this one keep their SQL next to the code
+// that uses it and never see the dialect.
 //
-// Implementations: store/sqlite (the default, pure Go). A PostgreSQL
-// implementation plugs in behind the same interface.
+// Write transactions may run concurrently (PostgreSQL) or one at a time
+// (SQLite); code must be correct either way. A read that decides a write
+// takes a row lock first: a SELECT may end with FOR UPDATE or FOR SHARE
+// (SQLite, whose write transactions hold the whole database, drops the
+// clause). Terminal transitions are single guarded statements whose
+// affected-row count decides the winner.
+//
+// An instance's own tables ({name} in its SQL) are reached through
+// OwnedTx, which lets each engine keep them its own way; a transaction
+// can be fenced (WithFence) by a check that runs just before its commit.
+// The conformance suite store/storetest pins down what every DB does.
+//
+// Implementations: store/sqlite (the default, pure Go) and store/postgres
+// (cluster mode, on pgx).
 package store
 
 import (
@@ -25,8 +38,12 @@ type DB interface {
 	// transaction survives a crash of the process), or fn's error with
 	// fn's writes rolled back. An implementation may commit several
 	// concurrent Update transactions together (store/sqlite does), each
-	// still all or nothing. fn holds the single writer: it must not call
-	// Update itself, nor wait for anything that waits for the writer.
+	// still all or nothing. fn may hold the single writer (store/sqlite):
+	// it must not call Update itself, nor wait for anything that waits for
+	// the writer. fn may run more than once (store/postgres runs it again
+	// after a serialization failure or a deadlock), so its effects outside
+	// the transaction must be ones a second run redoes harmlessly, such as
+	// assigning its results.
 	Update(ctx context.Context, fn func(Tx) error) error
 	// View runs fn in a read-only transaction.
 	View(ctx context.Context, fn func(Tx) error) error

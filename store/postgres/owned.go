@@ -45,12 +45,8 @@ func (t *tx) Owned(o store.Owner) store.Tx { return &owned{t: t, o: o} }
 // shared table stays for the other instances.
 func (t *tx) DropOwned(ctx context.Context, o store.Owner, name string) error {
 	base := sharedName(o.Class, name)
-	var exists sql.NullString
-	if err := t.QueryRow(ctx, `SELECT to_regclass(?)::text`, base).Scan(&exists); err != nil {
+	if ok, err := relationExists(ctx, t, base); err != nil || !ok {
 		return err
-	}
-	if !exists.Valid {
-		return nil
 	}
 	_, err := t.Exec(ctx, `DELETE FROM `+base+` WHERE `+instanceColumn+` = ?`, o.ID)
 	return err
@@ -181,11 +177,19 @@ func (w *owned) lockDDL(ctx context.Context, base string) error {
 }
 
 func (w *owned) exists(ctx context.Context, rel string) (bool, error) {
-	var name sql.NullString
-	if err := w.t.QueryRow(ctx, `SELECT to_regclass(?)::text`, rel).Scan(&name); err != nil {
-		return false, err
-	}
-	return name.Valid, nil
+	return relationExists(ctx, w.t, rel)
+}
+
+// relationExists reads pg_class with the statement's snapshot rather than
+// resolving the name (to_regclass): name lookups go through the backend's
+// catalog cache, which an advisory lock does not refresh, so a table
+// another transaction created and committed while this one waited for the
+// lock could look absent.
+func relationExists(ctx context.Context, t *tx, rel string) (bool, error) {
+	var n int
+	err := t.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_class WHERE relname = ?
+		AND relnamespace = (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = current_schema())`, rel).Scan(&n)
+	return n > 0, err
 }
 
 // create creates the shared table of name with the instance's column and

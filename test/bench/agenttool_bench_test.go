@@ -19,6 +19,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/store/postgres"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
@@ -205,7 +206,7 @@ func benchAwaitedDirect(b *testing.B, workers int) {
 	}
 	lat := make([]time.Duration, b.N)
 	u0, v0 := e.db.updates.Load(), e.db.views.Load()
-	s0 := e.sq.Stats()
+	s0 := e.storeStats()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -240,14 +241,38 @@ func benchAwaitedDirect(b *testing.B, workers int) {
 	reportStoreStats(b, e, s0, b.N)
 }
 
-// reportStoreStats reports the SQLite store's counters since s0 per run:
+// storeStats is what the store counted so far: SQLite's or PostgreSQL's.
+type storeStats struct {
+	sq sqlite.Stats
+	pq postgres.Stats
+}
+
+func (e *benchEnv) storeStats() storeStats {
+	if e.pq != nil {
+		return storeStats{pq: e.pq.Stats()}
+	}
+	return storeStats{sq: e.sq.Stats()}
+}
+
+// reportStoreStats reports the store's counters since s0 per run. SQLite:
 // read transactions, commits (one per group of write transactions) and
-// statements prepared.
-func reportStoreStats(b *testing.B, e *benchEnv, s0 sqlite.Stats, runs int) {
-	s := e.sq.Stats()
-	b.ReportMetric(float64(s.Views-s0.Views)/float64(runs), "views/run")
-	b.ReportMetric(float64(s.Commits-s0.Commits)/float64(runs), "commits/run")
-	b.ReportMetric(float64(s.Prepares-s0.Prepares)/float64(runs), "prepares/run")
+// statements prepared. PostgreSQL: read transactions, commits (one per
+// write transaction), statements, round trips to the server (statements,
+// BEGIN, COMMIT, ROLLBACK) and transactions retried.
+func reportStoreStats(b *testing.B, e *benchEnv, s0 storeStats, runs int) {
+	s := e.storeStats()
+	per := func(n int64) float64 { return float64(n) / float64(runs) }
+	if e.pq != nil {
+		b.ReportMetric(per(s.pq.Views-s0.pq.Views), "views/run")
+		b.ReportMetric(per(s.pq.Committed-s0.pq.Committed), "commits/run")
+		b.ReportMetric(per(s.pq.Statements-s0.pq.Statements), "stmts/run")
+		b.ReportMetric(per(s.pq.RoundTrips-s0.pq.RoundTrips), "roundtrips/run")
+		b.ReportMetric(per(s.pq.Retries-s0.pq.Retries), "retries/run")
+		return
+	}
+	b.ReportMetric(per(s.sq.Views-s0.sq.Views), "views/run")
+	b.ReportMetric(per(s.sq.Commits-s0.sq.Commits), "commits/run")
+	b.ReportMetric(per(s.sq.Prepares-s0.sq.Prepares), "prepares/run")
 }
 
 func benchAwaitedRPC(b *testing.B) {
@@ -321,7 +346,7 @@ func benchFanOut(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	lat := make([]time.Duration, b.N)
-	u0, s0 := e.db.updates.Load(), e.sq.Stats()
+	u0, s0 := e.db.updates.Load(), e.storeStats()
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()

@@ -18,8 +18,12 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/examples/counter"
+	"github.com/agentry/agentry/internal/pgtest"
 	"github.com/agentry/agentry/store/sqlite"
 )
+
+// pg is the scratch PostgreSQL cluster of the BENCH_STORE=postgres runs.
+var pg pgtest.Cluster
 
 // tmpDir holds the stored-instance fixtures, shared by the benchmarks of one
 // run and removed by TestMain.
@@ -32,7 +36,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+	goleak.VerifyTestMain(pg.Wrap(m), goleak.Cleanup(func(code int) {
 		os.RemoveAll(tmpDir)
 		os.Exit(code)
 	}))

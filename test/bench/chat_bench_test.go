@@ -26,6 +26,7 @@ import (
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/store/postgres"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
@@ -66,7 +67,8 @@ func (d *txCountDB) View(ctx context.Context, fn func(store.Tx) error) error {
 // the HTTP/WebSocket server on 127.0.0.1.
 type benchEnv struct {
 	db   *txCountDB
-	sq   *sqlite.DB
+	sq   *sqlite.DB   // nil on PostgreSQL
+	pq   *postgres.DB // with BENCH_STORE=postgres
 	rt   *agent.Runtime
 	srv  *server.Server
 	hs   *httptest.Server
@@ -78,14 +80,24 @@ type benchEnv struct {
 func startBenchEnv(b *testing.B, classes []agent.Class, agentTools bool, sendQueue ...int) *benchEnv {
 	b.Helper()
 	ctx := context.Background()
-	sq, err := sqlite.OpenOptions(ctx, filepath.Join(b.TempDir(), "agentry.db"), benchStoreOptions(b))
+	var base store.DB
+	var sq *sqlite.DB
+	var pq *postgres.DB
+	var err error
+	if os.Getenv("BENCH_STORE") == "postgres" {
+		pq, err = postgres.Open(ctx, pg.URL(b))
+		base = pq
+	} else {
+		sq, err = sqlite.OpenOptions(ctx, filepath.Join(b.TempDir(), "agentry.db"), benchStoreOptions(b))
+		base = sq
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
-	db := &txCountDB{DB: sq}
+	db := &txCountDB{DB: base}
 	rt, err := agent.New(ctx, agent.Options{DB: db, IdleTimeout: -1})
 	if err != nil {
-		sq.Close()
+		base.Close()
 		b.Fatal(err)
 	}
 	chat.Configure(rt, chat.Config{})
@@ -106,12 +118,12 @@ func startBenchEnv(b *testing.B, classes []agent.Class, agentTools bool, sendQue
 	}
 	srv := server.New(so)
 	hs := httptest.NewServer(srv)
-	e := &benchEnv{db: db, sq: sq, rt: rt, srv: srv, hs: hs, host: strings.TrimPrefix(hs.URL, "http://")}
+	e := &benchEnv{db: db, sq: sq, pq: pq, rt: rt, srv: srv, hs: hs, host: strings.TrimPrefix(hs.URL, "http://")}
 	b.Cleanup(func() {
 		e.srv.Close()
 		e.hs.Close()
 		e.rt.Close()
-		e.sq.Close()
+		base.Close()
 	})
 	return e
 }
@@ -532,14 +544,14 @@ func benchChatStorage(b *testing.B, deltas int, delay time.Duration) {
 	e := startBenchEnv(b, []agent.Class{chatClassOf("Streamer", longModel(deltas, delay))}, false)
 	ctx := context.Background()
 	a := getChatAgent(b, e, "Streamer", "store")
-	var tx int64
+	var tx, commits, trips int64
 	b.ResetTimer()
 	for range b.N {
 		b.StopTimer()
 		if err := a.ClearMessages(ctx); err != nil {
 			b.Fatal(err)
 		}
-		u0 := e.db.updates.Load()
+		u0, s0 := e.db.updates.Load(), e.storeStats()
 		b.StartTimer()
 		res, err := a.SaveMessages(ctx, []message.Message{userText("go")})
 		if err != nil || res.Outcome != chat.OutcomeCompleted {
@@ -550,9 +562,18 @@ func benchChatStorage(b *testing.B, deltas int, delay time.Duration) {
 		// told: wait for that last transaction.
 		waitStable(&e.db.updates)
 		tx += e.db.updates.Load() - u0
+		if e.pq != nil {
+			s := e.storeStats()
+			commits += s.pq.Committed - s0.pq.Committed
+			trips += s.pq.RoundTrips - s0.pq.RoundTrips
+		}
 		b.StartTimer()
 	}
 	b.StopTimer()
+	if e.pq != nil {
+		b.ReportMetric(float64(commits)/float64(b.N), "commits/turn")
+		b.ReportMetric(float64(trips)/float64(b.N), "roundtrips/turn")
+	}
 	b.ReportMetric(float64(tx)/float64(b.N), "tx/turn")
 	b.ReportMetric(float64(tx)/float64(b.N)/float64(deltas)*1000, "tx/1000-deltas")
 }
