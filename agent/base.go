@@ -123,7 +123,7 @@ func (b *Base) KeepAlive() (release func()) {
 
 // DB returns the database shared by all instances. Framework layers use it
 // with InstanceID; agent code normally uses Storage and SQL instead.
-func (b *Base) DB() store.DB { return b.in.rt.db }
+func (b *Base) DB() store.DB { return b.in.db() }
 
 // SubAgent returns the child of class and name, creating it on first use.
 // The child has its own storage and knows its parent's path; its methods
@@ -185,7 +185,7 @@ func (rt *Runtime) Destroy(ctx context.Context, path Path) error {
 		in.mu.Unlock()
 		in.closeConns(1000, "agent destroyed")
 	}
-	err := rt.db.Update(ctx, func(tx store.Tx) error {
+	err := rt.dbFor(path).Update(ctx, func(tx store.Tx) error {
 		var id int64
 		err := tx.QueryRow(ctx, `SELECT id FROM instances WHERE path = ?`, key).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {

@@ -35,6 +35,7 @@ type instance struct {
 	idlePrev   *instance // rt.idleList links, while busy is 0
 	idleNext   *instance
 	inIdle     bool
+	idleWait   chan struct{} // closed when busy drops to 0 (waitIdle)
 
 	stateMu   sync.Mutex // serializes setState
 	mu        sync.Mutex
@@ -50,6 +51,9 @@ func newInstance(rt *Runtime, path Path, ci *classInfo) *instance {
 		lastActive: rt.clock.Now(),
 	}
 }
+
+// db is the database as this instance writes it (fenced in a cluster).
+func (in *instance) db() store.DB { return in.rt.dbFor(in.path) }
 
 func (in *instance) isReady() bool {
 	select {
@@ -84,6 +88,10 @@ func (in *instance) release() {
 	in.lastActive = rt.clock.Now()
 	if in.busy == 0 && !in.gone && in.isReady() {
 		rt.idleList.pushBack(in)
+	}
+	if in.busy == 0 && in.idleWait != nil {
+		close(in.idleWait)
+		in.idleWait = nil
 	}
 	rt.mu.Unlock()
 }
@@ -170,7 +178,7 @@ func (in *instance) hydrate(existing bool) {
 // it failed the instance.
 func (in *instance) create(ctx context.Context) bool {
 	rt := in.rt
-	err := rt.db.Update(ctx, func(tx store.Tx) error {
+	err := in.db().Update(ctx, func(tx store.Tx) error {
 		var parent sql.NullInt64
 		for i := range in.path {
 			p := in.path[:i+1]
@@ -264,7 +272,7 @@ func (in *instance) setState(ctx context.Context, state json.RawMessage, from *C
 			in.stateMu.Unlock()
 		}
 	}()
-	err := in.rt.db.Update(ctx, func(tx store.Tx) error {
+	err := in.db().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE instances SET state = ? WHERE id = ?`, string(state), in.id)
 		return err
 	})

@@ -70,6 +70,11 @@ type Options struct {
 	// tokens and queue depths). Nil means the global provider
 	// (otel.GetMeterProvider).
 	MeterProvider metric.MeterProvider
+	// Placement, when set, makes the runtime one node of a cluster: it
+	// hydrates only the instances the placement owns (others fail with
+	// ErrNotOwner), wakes and fires the schedules of those only, and every
+	// write transaction of an instance runs the placement's fence first.
+	Placement Placement
 }
 
 // The defaults of Options.
@@ -82,6 +87,7 @@ const (
 // call Start, and Close it when done.
 type Runtime struct {
 	db     store.DB
+	place  Placement
 	clock  clockwork.Clock
 	log    *slog.Logger
 	diag   *diag.Hub
@@ -145,7 +151,7 @@ func New(ctx context.Context, opts Options) (*Runtime, error) {
 	}
 	rctx, cancel := context.WithCancel(context.Background())
 	rt := &Runtime{
-		db: opts.DB, clock: opts.Clock, log: opts.Logger, diag: opts.Diag,
+		db: opts.DB, place: opts.Placement, clock: opts.Clock, log: opts.Logger, diag: opts.Diag,
 		idle: opts.IdleTimeout, rpcTTL: opts.RPCTimeout,
 		maxCalls: opts.MaxCallsPerConn, maxInstances: opts.MaxInstances,
 		classes: map[string]*classInfo{}, routes: map[string]*classInfo{},
@@ -469,6 +475,10 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 		return nil, ErrClosed
 	}
 	in, ok := rt.instances[key]
+	if !ok && rt.place != nil && !rt.place.Owns(path) {
+		rt.mu.Unlock()
+		return nil, notOwned(path)
+	}
 	var evicted []*instance
 	if !ok {
 		// Make room first: evict the least recently used idle instances.

@@ -93,7 +93,7 @@ func (b *Base) addSchedule(ctx context.Context, s Schedule, payload any) (Schedu
 	}
 	s.ID = id.String()
 	rt := b.in.rt
-	err = rt.db.Update(ctx, func(tx store.Tx) error {
+	err = b.in.db().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO schedules (id, instance_id, method, payload, kind, cron, interval_ms, due_at, created_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			s.ID, b.in.id, s.Method, nullString(s.Payload), s.Kind, s.Cron, s.Interval.Milliseconds(),
@@ -112,7 +112,7 @@ func (b *Base) addSchedule(ctx context.Context, s Schedule, payload any) (Schedu
 // existed.
 func (b *Base) CancelSchedule(ctx context.Context, id string) (bool, error) {
 	var n int64
-	err := b.in.rt.db.Update(ctx, func(tx store.Tx) error {
+	err := b.in.db().Update(ctx, func(tx store.Tx) error {
 		res, err := tx.Exec(ctx, `DELETE FROM schedules WHERE id = ? AND instance_id = ?`, id, b.in.id)
 		if err != nil {
 			return err
@@ -278,6 +278,9 @@ func (s *scheduler) nextDue() (time.Time, bool, error) {
 	s.mu.Unlock()
 	var found time.Time
 	var ok bool
+	if rt.place != nil {
+		return s.nextOwnedDue(skip)
+	}
 	err := rt.db.View(rt.ctx, func(tx store.Tx) error {
 		rows, err := tx.Query(rt.ctx, `SELECT id, due_at FROM schedules ORDER BY due_at LIMIT ?`, skip+1)
 		if err != nil {
@@ -296,6 +299,57 @@ func (s *scheduler) nextDue() (time.Time, bool, error) {
 			if !running {
 				found, ok = time.UnixMilli(due), true
 				return nil
+			}
+		}
+		return rows.Err()
+	})
+	return found, ok, err
+}
+
+// ownedBatch is how many of the soonest schedules a cluster node reads to
+// find the soonest one of its own instances.
+const ownedBatch = 256
+
+// nextOwnedDue is nextDue on a cluster node: the soonest schedule of an
+// instance it owns. When the batch read holds none, it looks again at the
+// batch's last due time (or in a second, whichever is sooner); acquiring
+// shards pokes the scheduler (Runtime.Wake).
+func (s *scheduler) nextOwnedDue(skip int) (time.Time, bool, error) {
+	rt := s.rt
+	var found time.Time
+	var ok bool
+	err := rt.db.View(rt.ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(rt.ctx, `SELECT s.id, s.due_at, i.path FROM schedules s JOIN instances i ON i.id = s.instance_id
+			ORDER BY s.due_at LIMIT ?`, skip+ownedBatch)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		n := 0
+		var last int64
+		for rows.Next() {
+			var id, key string
+			var due int64
+			if err := rows.Scan(&id, &due, &key); err != nil {
+				return err
+			}
+			n++
+			last = due
+			s.mu.Lock()
+			running := s.running[id]
+			s.mu.Unlock()
+			if running {
+				continue
+			}
+			if path, err := ParsePath(key); err == nil && rt.place.Owns(path) {
+				found, ok = time.UnixMilli(due), true
+				return nil
+			}
+		}
+		if n == skip+ownedBatch {
+			found, ok = time.UnixMilli(last), true
+			if poll := rt.clock.Now().Add(time.Second); poll.Before(found) {
+				found = poll
 			}
 		}
 		return rows.Err()
@@ -324,6 +378,12 @@ func (s *scheduler) fireDue() {
 			sc, path, err := scanSchedule(rows, true)
 			if err != nil {
 				return err
+			}
+			if rt.place != nil {
+				// A cluster node fires the schedules of its own instances.
+				if p, err := ParsePath(path); err != nil || !rt.place.Owns(p) {
+					continue
+				}
 			}
 			list = append(list, due{sc, path})
 		}
@@ -401,6 +461,10 @@ func (s *scheduler) run(sc Schedule, key string) {
 		_, err = m.invoke(WithAgent(ctx, in.agent), reflectValue(in.agent), nil, args)
 		return err
 	}()
+	if errors.Is(callErr, ErrNotOwner) {
+		// Moved to another node before it fired: its owner fires it.
+		return
+	}
 	if ctx.Err() != nil && callErr != nil {
 		// Shut down mid-call: leave the row so the schedule fires again
 		// after the restart.
@@ -428,7 +492,13 @@ func (s *scheduler) run(sc Schedule, key string) {
 	case sc.Kind == ScheduleInterval:
 		next = rt.clock.Now().Add(sc.Interval)
 	}
-	err = rt.db.Update(ctx, func(tx store.Tx) error {
+	var db store.DB = rt.db
+	if path, perr := ParsePath(key); perr == nil {
+		// Fenced: a node that lost the instance meanwhile leaves the row
+		// to its new owner, which fires it again (at least once).
+		db = rt.dbFor(path)
+	}
+	err = db.Update(ctx, func(tx store.Tx) error {
 		var err error
 		if next.IsZero() {
 			_, err = tx.Exec(ctx, `DELETE FROM schedules WHERE id = ? AND due_at = ?`, sc.ID, sc.DueAt.UnixMilli())

@@ -49,7 +49,7 @@ func (b Storage) Put(ctx context.Context, key string, v any) error {
 	if err != nil {
 		return fmt.Errorf("agent: marshal %q: %w", key, err)
 	}
-	err = b.in.rt.db.Update(ctx, func(tx store.Tx) error {
+	err = b.in.db().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO kv (instance_id, key, value) VALUES (?, ?, ?)
 			ON CONFLICT (instance_id, key) DO UPDATE SET value = excluded.value`, b.in.id, key, string(data))
 		return err
@@ -62,7 +62,7 @@ func (b Storage) Put(ctx context.Context, key string, v any) error {
 
 // Delete removes key.
 func (b Storage) Delete(ctx context.Context, key string) error {
-	err := b.in.rt.db.Update(ctx, func(tx store.Tx) error {
+	err := b.in.db().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `DELETE FROM kv WHERE instance_id = ? AND key = ?`, b.in.id, key)
 		return err
 	})
@@ -143,7 +143,7 @@ func (s *SQL) QueryRow(query string, args ...any) *sql.Row {
 // Update runs fn in a read-write transaction over the instance's tables and
 // commits it when fn returns nil.
 func (b Storage) Update(ctx context.Context, fn func(*SQL) error) error {
-	return b.in.rt.db.Update(ctx, func(tx store.Tx) error {
+	return b.in.db().Update(ctx, func(tx store.Tx) error {
 		return fn(newSQL(ctx, tx, b.in))
 	})
 }

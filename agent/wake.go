@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -15,7 +16,7 @@ import (
 // waiting for a client. Each layer uses its own reason; the instance is woken
 // while any reason is set.
 func (b *Base) KeepAwake(ctx context.Context, reason string, on bool) error {
-	err := b.in.rt.db.Update(ctx, func(tx store.Tx) error {
+	err := b.in.db().Update(ctx, func(tx store.Tx) error {
 		var err error
 		if on {
 			_, err = tx.Exec(ctx, `INSERT INTO instance_wake (instance_id, reason) VALUES (?, ?)
@@ -31,8 +32,15 @@ func (b *Base) KeepAwake(ctx context.Context, reason string, on bool) error {
 	return nil
 }
 
-// wakeAll hydrates every instance that has a wake reason, a few at a time.
+// wakeAll hydrates every instance that has a wake reason (and that this
+// runtime owns), a few at a time.
 func (rt *Runtime) wakeAll(ctx context.Context) error {
+	return rt.wakeMatching(ctx, func(Path) bool { return true })
+}
+
+// wakeMatching hydrates every instance with a wake reason that match
+// selects and this runtime owns, a few at a time.
+func (rt *Runtime) wakeMatching(ctx context.Context, match func(Path) bool) error {
 	var keys []string
 	err := rt.db.View(ctx, func(tx store.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT DISTINCT i.path FROM instance_wake w JOIN instances i ON i.id = w.instance_id ORDER BY i.path`)
@@ -62,12 +70,17 @@ func (rt *Runtime) wakeAll(ctx context.Context) error {
 			rt.log.Error("wake: bad path", "path", k, "err", err)
 			continue
 		}
+		if !match(path) || !rt.Owns(path) {
+			continue
+		}
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if _, err := rt.Get(ctx, path); err != nil {
+			if _, err := rt.Get(ctx, path); errors.Is(err, ErrNotOwner) {
+				return // moved on meanwhile: its new owner wakes it
+			} else if err != nil {
 				rt.log.Error("wake: hydrate", "agent", k, "err", err)
 				return
 			}

@@ -191,6 +191,11 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 				return fmt.Errorf("agenttool: record child run: %w", err)
 			}
 			if opt.parentTx != nil {
+				// The parent's rows in the child's transaction: fenced
+				// for the parent too (in a cluster, both must be ours).
+				if err := h.rt.Fence(ctx, tx, req.ParentPath); err != nil {
+					return err
+				}
 				return opt.parentTx(ctx, tx)
 			}
 			return nil
@@ -248,6 +253,9 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 			h.mu.Unlock()
 			if !claimed {
 				return nil
+			}
+			if err := h.rt.Fence(ctx, tx, f.parent.b.Path()); err != nil {
+				return err
 			}
 			won, marks, err := writeTerminalTx(ctx, tx, f.parent.iid, cr.runID,
 				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli())
@@ -472,7 +480,7 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 	}
 	now := h.rt.Clock().Now().UnixMilli()
 	var wrote bool
-	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err = h.b.DB().Update(ctx, func(tx store.Tx) error {
 		r, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, summary = ?, output_json = ?, error_message = ?, completed_at = ?
 			WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`,
 			status, nullStr(summary), nullStr(string(output)), nullStr(errText), now, h.iid, cr.runID)
@@ -577,7 +585,7 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 	}
 	// Not running here: record the end directly.
 	now := h.rt.Clock().Now().UnixMilli()
-	return h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	return h.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, error_message = ?, completed_at = ?
 			WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`, StatusAborted, reason, now, h.iid, runID)
 		return err
@@ -651,7 +659,7 @@ func submissionKey(runID string) string { return "agent-tool:" + runID }
 
 // recordTurnID records the id of the child turn that executes a run.
 func (h *host) recordTurnID(ctx context.Context, runID, streamID string) error {
-	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET request_id = ? WHERE instance_id = ? AND run_id = ?`, streamID, h.iid, runID)
 		return err
 	})

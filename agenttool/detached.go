@@ -195,7 +195,7 @@ const (
 func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Result) error {
 	now := h.rt.Clock().Now()
 	var won bool
-	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		r, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET `+string(s)+`_claimed_at = ?
 			WHERE instance_id = ? AND run_id = ? AND `+string(s)+`_delivered_at IS NULL
 			AND (`+string(s)+`_claimed_at IS NULL OR `+string(s)+`_claimed_at <= ?)`,
@@ -237,7 +237,7 @@ func (h *host) deliver(ctx context.Context, s slot, row runRow, run Run, res Res
 		err = fmt.Errorf("agenttool: deliver %s of %s: %w", s, row.RunID, cbErr)
 		return err
 	}
-	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err = h.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET `+string(s)+`_delivered_at = ? WHERE instance_id = ? AND run_id = ?`,
 			h.rt.Clock().Now().UnixMilli(), h.iid, row.RunID)
 		return err
@@ -409,7 +409,7 @@ func (h *host) giveUp(ctx context.Context, row runRow, ch *host, reason Reason) 
 	if reason == ReasonNoProgress {
 		msg = "Detached agent tool run made no progress within its no-progress budget; the parent gave up."
 	}
-	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET given_up_at = COALESCE(given_up_at, ?) WHERE instance_id = ? AND run_id = ?`,
 			h.rt.Clock().Now().UnixMilli(), h.iid, row.RunID)
 		return err
@@ -428,7 +428,7 @@ func (h *host) giveUp(ctx context.Context, row runRow, ch *host, reason Reason) 
 // markFinishDelivered records the finish slot delivered without a call: the
 // aborted end of a run whose give-up was its delivery.
 func (h *host) markFinishDelivered(ctx context.Context, runID string) error {
-	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET finish_delivered_at = COALESCE(finish_delivered_at, ?) WHERE instance_id = ? AND run_id = ?`,
 			h.rt.Clock().Now().UnixMilli(), h.iid, runID)
 		return err

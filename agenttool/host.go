@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
@@ -20,6 +21,13 @@ type Options struct {
 	// default a child created by an agent tool is reachable only while the
 	// parent's registry holds its run.
 	OpenDrillIn bool
+	// Remote reaches children owned by other nodes of a cluster
+	// (agent.Options.Placement); package cluster sets it. Without it
+	// every child is served by this runtime.
+	Remote Remote
+	// RemotePoll is how often a parent reads the progress of a run whose
+	// child is on another node; zero means DefaultRemotePoll.
+	RemotePoll time.Duration
 }
 
 type optionsKey struct{}

@@ -166,7 +166,7 @@ func ClearAgentToolRuns(ctx context.Context, parent agent.Agent, opts ClearOptio
 		if err := h.b.DeleteSubAgent(ctx, r.AgentType, r.RunID); err != nil {
 			h.b.Logger().Error("agenttool: clear: delete child", "run", r.RunID, "err", err)
 		}
-		err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 			_, err := tx.Exec(ctx, `DELETE FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID)
 			return err
 		})

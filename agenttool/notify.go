@@ -90,7 +90,7 @@ func (h *host) milestoneNotice(ctx context.Context, row runRow, m Milestone) {
 		return
 	}
 	var claimed bool
-	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		r, err := tx.Exec(ctx, `INSERT INTO agent_tool_milestone_notices (instance_id, run_id, name, delivered_at) VALUES (?, ?, ?, ?)
 			ON CONFLICT (instance_id, run_id, name) DO NOTHING`, h.iid, row.RunID, m.Name, h.rt.Clock().Now().UnixMilli())
 		if err != nil {

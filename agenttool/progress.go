@@ -208,7 +208,7 @@ func (h *host) emitProgress(ctx context.Context, cr *childRun, em *emitter, seq 
 		return err
 	}
 	now := h.rt.Clock().Now().UnixMilli()
-	return h.rt.DB().Update(context.WithoutCancel(ctx), func(tx store.Tx) error {
+	return h.b.DB().Update(context.WithoutCancel(ctx), func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET progress_json = ?, last_signal_at = ? WHERE instance_id = ? AND run_id = ?`,
 			string(stored), now, h.iid, cr.runID)
 		return err
@@ -226,7 +226,7 @@ func (h *host) emitMilestone(ctx context.Context, cr *childRun, p Progress) erro
 		}
 		m.Data = d
 	}
-	err := h.rt.DB().Update(context.WithoutCancel(ctx), func(tx store.Tx) error {
+	err := h.b.DB().Update(context.WithoutCancel(ctx), func(tx store.Tx) error {
 		// The run row's UPDATE comes first: its row lock orders concurrent
 		// milestones of the run (on an engine with concurrent writers), so
 		// the next sequence is read after the one before committed.

@@ -131,6 +131,12 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			h.recoveredRow(ctx, row, start, res, h.forwardStored(ctx, row, ch.streamChunks(ctx, requestID)))
 		}()
 	}
+	type remotePending struct {
+		row      runRow
+		streamID string
+		r        Remote
+	}
+	var remote []remotePending
 	for i, row := range rows {
 		prefetch(i + 1 + recoveryLookahead)
 		h.mu.Lock()
@@ -138,6 +144,26 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		h.mu.Unlock()
 		if live {
 			continue // re-dispatched meanwhile: its caller follows it
+		}
+		if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
+			// The child is on another node: read its record of the run.
+			insp, err := h.remoteInspection(ctx, h.b.Path().Child(row.AgentType, row.RunID), row.RunID)
+			switch {
+			case err != nil:
+				h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonInspectFailed,
+					Error: interruptedMessage(ReasonInspectFailed)}, 0)
+			case insp != nil && insp.CompletedAt != nil:
+				h.recoveredRow(ctx, row, start, resultFromInspection(*insp), h.forwardStoredRemote(ctx, row, insp.RequestID))
+			case insp == nil:
+				h.mu.Lock()
+				started := make(chan struct{})
+				h.unstarted[row.RunID] = started
+				h.mu.Unlock()
+				unstarted = append(unstarted, waiting{row, started})
+			default:
+				remote = append(remote, remotePending{row, insp.RequestID, r})
+			}
+			continue
 		}
 		remaining := deadline.Sub(clock.Now())
 		if remaining <= 0 {
@@ -207,6 +233,39 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 				Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, 0)
 		}()
 	}
+	for _, p := range remote {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			child := h.b.Path().Child(p.row.AgentType, p.row.RunID)
+			streamID := p.streamID
+			if streamID == "" {
+				// Recorded by the child but its turn not started: start it
+				// with the input it was recorded with.
+				id, err := p.r.StartChild(ctx, RemoteStart{ParentPath: h.b.Path(), Class: p.row.AgentType, RunID: p.row.RunID})
+				if err != nil {
+					h.recoveredRow(ctx, p.row, start, Result{Status: StatusError, Error: h.runError(p.row.RunID, err)}, 0)
+					return
+				}
+				streamID = id
+			}
+			if p.row.Status == StatusStarting {
+				if err := h.markRunning(ctx, p.row.RunID); err != nil {
+					h.b.Logger().Error("agenttool: recover run", "run", p.row.RunID, "err", err)
+				} else {
+					p.row.Status = StatusRunning
+				}
+			}
+			h.publish(ctx, "recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType})
+			res, err := h.awaitRemote(ctx, p.row, child, streamID, p.r)
+			if err != nil {
+				return
+			}
+			h.publish(ctx, "recovery:row", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
+				"status": string(res.Status), "reason": string(res.Reason), "error": res.Error,
+				"elapsedMs": clock.Since(start).Milliseconds()})
+		}()
+	}
 	for _, p := range reattach {
 		if p.row.Status == StatusStarting {
 			// The dispatch died after starting the child but before
@@ -272,6 +331,9 @@ type inspection struct {
 // parent's gate.
 func (h *host) startInspection(ctx context.Context, row runRow) chan inspection {
 	done := make(chan inspection, 1)
+	if h.remote(h.b.Path().Child(row.AgentType, row.RunID)) != nil {
+		return done // on another node: inspected through its record
+	}
 	go func() {
 		var a inspection
 		a.child, a.err = h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))

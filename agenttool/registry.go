@@ -150,7 +150,7 @@ func (h *host) queryRuns(ctx context.Context, tx store.Tx, where string, args ..
 // reached (checked in the same statement). It reports whether the row was
 // written; inserted=false with exists=true means the run id is taken.
 func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detachedCols) (inserted, exists bool, err error) {
-	err = h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err = h.b.DB().Update(ctx, func(tx store.Tx) error {
 		var err error
 		inserted, exists, err = h.insertRunTx(ctx, tx, r, maxActive, det)
 		return err
@@ -223,7 +223,7 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 }
 
 func (h *host) markRunning(ctx context.Context, runID string) error {
-	return h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	return h.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ? WHERE instance_id = ? AND run_id = ? AND status = ?`,
 			StatusRunning, h.iid, runID, StatusStarting)
 		return err
@@ -237,7 +237,7 @@ func (h *host) writeTerminal(ctx context.Context, runID string, res Result, mark
 	var won bool
 	var marks []int
 	now := h.rt.Clock().Now().UnixMilli()
-	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		var err error
 		won, marks, err = writeTerminalTx(ctx, tx, h.iid, runID, res, mark, now)
 		return err

@@ -152,6 +152,9 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		// The run must not inherit the turn's cancellation.
 		ctx = agent.WithAgent(context.WithoutCancel(ctx), parent)
 	}
+	if r := h.remote(h.b.Path().Child(class, runID)); r != nil && !det.Detached {
+		return h.runRemote(ctx, awaitCtx, row, input, r)
+	}
 	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(class, runID))
 	if err != nil {
 		return h.dispatchFailed(ctx, row, h.runError(runID, fmt.Errorf("start child: %w", err)))
@@ -211,6 +214,9 @@ var errRunTaken = errors.New("agenttool: run id taken")
 // also records a failure to start the child.
 func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run Run, input json.RawMessage,
 	det detachedCols, unregister func()) (res Result, err error, ok bool) {
+	if h.remote(h.b.Path().Child(run.AgentType, run.RunID)) != nil {
+		return Result{}, nil, false // on another node: no shared transaction
+	}
 	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(run.AgentType, run.RunID))
 	if err != nil {
 		return Result{}, nil, false
@@ -323,6 +329,9 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	h.mu.Unlock()
 	if busy {
 		return h.waitLive(ctx, other, row.RunID)
+	}
+	if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
+		return h.redispatchRemote(ctx, row, input, r)
 	}
 	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 	if err != nil {

@@ -37,7 +37,7 @@ func (b *Base) AppendMessages(ctx context.Context, msgs []message.Message) (int,
 	if len(add) == 0 {
 		return 0, nil
 	}
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
 		for i, m := range add {
 			if err := putMessage(ctx, tx, c.iid, base+i, m); err != nil {
 				return err

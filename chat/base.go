@@ -397,7 +397,7 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	}
 	var existing string
 	now := c.rt.Clock().Now().UnixMilli()
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
 		// The instance's row lock orders concurrent acceptances (on an
 		// engine with concurrent writers): the submission key check and
 		// the next transcript position below read what the one before
@@ -578,7 +578,7 @@ func (c *core) work(ctx context.Context) {
 // storage. One guarded statement, so a turn accepted concurrently (which sets
 // the flag in its own transaction) never loses it.
 func (c *core) clearWakeIfIdle(ctx context.Context) {
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
 	if err != nil && ctx.Err() == nil {
 		c.log.Error("chat: clear wake flag", "err", err)
 	}
@@ -674,4 +674,32 @@ func (b *Base) StreamChunks(ctx context.Context, id string, afterSeq int) ([]Str
 type StreamChunk struct {
 	Seq  int
 	Body string
+}
+
+// StoredChunks returns the committed chunks of the stream id of the
+// instance at path with a sequence greater than afterSeq, read from db
+// rather than from the instance, which may be served by another node of a
+// cluster (agent tools follow a child on another node with it).
+func StoredChunks(ctx context.Context, db store.DB, path agent.Path, id string, afterSeq int) ([]StreamChunk, error) {
+	var out []StreamChunk
+	err := db.View(ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT c.seq, c.body FROM chat_chunks c JOIN instances i ON i.id = c.instance_id
+			WHERE i.path = ? AND c.stream_id = ? AND c.seq > ? ORDER BY c.seq`, path.String(), id, afterSeq)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c StreamChunk
+			if err := rows.Scan(&c.Seq, &c.Body); err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("chat: stored chunks of %s: %w", id, err)
+	}
+	return out, nil
 }

@@ -267,7 +267,7 @@ func (c *core) clear(ctx context.Context, from *agent.Conn) error {
 	for _, t := range queued {
 		t.cancel(errCanceled)
 	}
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
 		for _, q := range []string{
 			`DELETE FROM chat_messages WHERE instance_id = ?`,
 			`DELETE FROM chat_chunks WHERE instance_id = ?`,
@@ -300,7 +300,7 @@ func (c *core) replaceTranscript(ctx context.Context, msgs []message.Message, fr
 			msgs[i].ID = newID()
 		}
 	}
-	if err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return replaceMessages(ctx, tx, c.iid, msgs) }); err != nil {
+	if err := c.b.DB().Update(ctx, func(tx store.Tx) error { return replaceMessages(ctx, tx, c.iid, msgs) }); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -332,7 +332,7 @@ func (c *core) updateToolPart(ctx context.Context, toolCallID string, fn func(p 
 	m := c.msgs[pos].Clone()
 	fn(&m.Parts[idx])
 	c.mu.Unlock()
-	if err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return putMessage(ctx, tx, c.iid, pos, m) }); err != nil {
+	if err := c.b.DB().Update(ctx, func(tx store.Tx) error { return putMessage(ctx, tx, c.iid, pos, m) }); err != nil {
 		c.log.Error("chat: persist tool result", "err", err)
 		return false
 	}

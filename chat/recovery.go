@@ -345,7 +345,7 @@ func CreditProgress(ctx context.Context, a agent.Agent) error {
 	}
 	t.forwardCredited = now
 	c.mu.Unlock()
-	err := c.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE chat_streams SET work = work + 1 WHERE instance_id = ? AND id = ?`, c.iid, t.row.ID)
 		return err
 	})
@@ -443,7 +443,7 @@ func (c *core) beginIncident(ctx context.Context, t *turn, kind RecoveryKind, st
 	if in.Reason != "" {
 		in.Status = incidentExhausted
 	}
-	if err := c.rt.DB().Update(ctx, func(tx store.Tx) error { return saveIncident(ctx, tx, c.iid, t.row.ID, in) }); err != nil {
+	if err := c.b.DB().Update(ctx, func(tx store.Tx) error { return saveIncident(ctx, tx, c.iid, t.row.ID, in) }); err != nil {
 		return nil, fmt.Errorf("save recovery incident: %w", err)
 	}
 	p := progress(in)

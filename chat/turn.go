@@ -321,7 +321,7 @@ func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (g
 	c.mu.Lock()
 	t.lastCommit = time.Now()
 	c.mu.Unlock()
-	err = c.rt.DB().Update(ctx, func(tx store.Tx) error {
+	err = c.b.DB().Update(ctx, func(tx store.Tx) error {
 		ok, err := insertChunks(ctx, tx, c.iid, t.row.ID, persisted(batch))
 		if err != nil || !ok {
 			gone = !ok

@@ -103,6 +103,8 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	delay := fs.Duration("delay", 50*time.Millisecond, "delay between the scripted model's streamed chunks (the simulated web search takes 40 times as long)")
 	allowOrigin := fs.String("allow-origin", "", "comma-separated browser origins besides the server's own that may open WebSockets (host patterns such as app.example.com or *.example.com; * allows every origin)")
 	token := fs.String("auth-token", "", "require this token on every agent route; the playground reads it from #token=… (default $"+tokenEnv+")")
+	var cl clusterFlags
+	cl.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -111,6 +113,16 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	}
 	if *token == "" {
 		*token = getenv(tokenEnv)
+	}
+	if cl.postgres == "" {
+		cl.postgres = getenv(postgresEnv)
+	}
+	if cl.postgres != "" {
+		return serveCluster(ctx, cl, clusterServe{addr: *addr, idle: *idle, verbose: *verbose, delay: *delay,
+			origins: splitList(*allowOrigin), token: *token}, logw, listening)
+	}
+	if cl.nodeID != "" || cl.advertise != "" {
+		return errors.New("serve: --node-id and --advertise need --postgres (or $" + postgresEnv + ")")
 	}
 
 	level := slog.LevelInfo

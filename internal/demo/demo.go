@@ -22,14 +22,19 @@ import (
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/examples/echochat"
 	"github.com/agentry/agentry/server"
-	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/web"
 )
 
 // Options configure Start.
 type Options struct {
 	// DB stores the agents. Required.
-	DB *sqlite.DB
+	DB store.DB
+	// Placement makes the runtime a cluster node (agent.Options.Placement);
+	// nil serves every instance here.
+	Placement agent.Placement
+	// Remote reaches children on other nodes (agenttool.Options.Remote).
+	Remote agenttool.Remote
 	// Logger receives the runtime's and the server's logs; nil means
 	// slog.Default().
 	Logger *slog.Logger
@@ -92,12 +97,12 @@ func New(ctx context.Context, o Options) (*Demo, error) {
 		logger = slog.Default()
 	}
 	rt, err := agent.New(ctx, agent.Options{DB: o.DB, Logger: logger, IdleTimeout: o.IdleTimeout,
-		TracerProvider: o.TracerProvider, MeterProvider: o.MeterProvider})
+		TracerProvider: o.TracerProvider, MeterProvider: o.MeterProvider, Placement: o.Placement})
 	if err != nil {
 		return nil, err
 	}
 	chat.Configure(rt, chat.Config{})
-	agenttool.Install(rt, agenttool.Options{})
+	agenttool.Install(rt, agenttool.Options{Remote: o.Remote})
 	models, provider := o.Models, "custom"
 	if models == nil {
 		models, provider = agentsastools.FromEnv(o.Delay)

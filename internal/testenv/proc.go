@@ -222,3 +222,7 @@ func (p *Process) Stop() {
 		p.t.Fatalf("after SIGTERM, %s exited with %v; want status 0 (stderr follows)", p.name, err)
 	}
 }
+
+// Signal sends sig to the process (SIGSTOP and SIGCONT, for tests of a
+// paused node).
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }

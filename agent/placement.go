@@ -1,0 +1,166 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/store"
+)
+
+// Placement decides which instances a runtime hosts when it is one node of
+// a cluster (package cluster implements it). Without one (Options.Placement
+// nil) the runtime hosts every instance, as a single node does.
+type Placement interface {
+	// Owns reports whether this node serves the instance at path now.
+	Owns(path Path) bool
+	// Fence runs first in every write transaction of the instance at path;
+	// an error aborts the transaction. It is how a node that lost the
+	// instance (even one paused past its lease) is kept from writing.
+	Fence(ctx context.Context, tx store.Tx, path Path) error
+}
+
+// ErrNotOwner is returned for an instance that another node of the cluster
+// owns (Options.Placement): it is not hydrated here.
+var ErrNotOwner = errors.New("agent: instance owned by another node")
+
+// fencedDB is an instance's view of the runtime's database: every Update
+// runs the placement's fence for the instance first.
+type fencedDB struct {
+	store.DB
+	p    Placement
+	path Path
+}
+
+func (d fencedDB) Update(ctx context.Context, fn func(store.Tx) error) error {
+	return d.DB.Update(ctx, func(tx store.Tx) error {
+		if err := d.p.Fence(ctx, tx, d.path); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// dbFor returns the database as the instance at path writes it: fenced
+// under a placement.
+func (rt *Runtime) dbFor(path Path) store.DB {
+	if rt.place == nil {
+		return rt.db
+	}
+	return fencedDB{DB: rt.db, p: rt.place, path: path}
+}
+
+// DBFor returns the database as the instance at path must write it: with a
+// Placement, every Update first runs its fence for that instance. Framework
+// layers write each instance's rows through it (Base.DB).
+func (rt *Runtime) DBFor(path Path) store.DB { return rt.dbFor(path) }
+
+// Fence runs the placement's fence for the instance at path in tx, for a
+// transaction that also writes another instance's rows (a child's turn end
+// that writes its parent's registry row). Without a placement it does
+// nothing.
+func (rt *Runtime) Fence(ctx context.Context, tx store.Tx, path Path) error {
+	if rt.place == nil {
+		return nil
+	}
+	return rt.place.Fence(ctx, tx, path)
+}
+
+// Owns reports whether this runtime serves the instance at path: always
+// without a placement.
+func (rt *Runtime) Owns(path Path) bool { return rt.place == nil || rt.place.Owns(path) }
+
+// Placement returns the runtime's placement, nil on a single node.
+func (rt *Runtime) Placement() Placement { return rt.place }
+
+// Wake hydrates every instance with unfinished work (a KeepAwake reason)
+// that match selects and this runtime owns, as Start does for all of them
+// (a cluster node calls it for the shards it acquires).
+func (rt *Runtime) Wake(ctx context.Context, match func(Path) bool) error {
+	err := rt.wakeMatching(ctx, match)
+	rt.sched.poke()
+	return err
+}
+
+// Drain hands the resident instances that match selects over to another
+// node: their client connections are closed with 1012 (service restart,
+// which the npm clients answer by reconnecting, to the new owner), and
+// Drain waits until each is no longer in use, at most until ctx is done,
+// before it forgets them. The caller has stopped routing new inputs to
+// them (Placement.Owns reports false).
+func (rt *Runtime) Drain(ctx context.Context, match func(Path) bool) {
+	list := rt.residentMatching(match)
+	for _, in := range list {
+		in.closeConns(1012, "agent moved to another node")
+	}
+	var wg sync.WaitGroup
+	for _, in := range list {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			in.waitIdle(ctx)
+		}()
+	}
+	wg.Wait()
+	rt.forget(list, "drain")
+}
+
+// Drop forgets at once the resident instances that match selects (their
+// node lost them): their connections are closed with 1012 and work still
+// running on them can no longer write (the placement's fence refuses it).
+func (rt *Runtime) Drop(match func(Path) bool) {
+	list := rt.residentMatching(match)
+	rt.forget(list, "lost")
+	for _, in := range list {
+		in.closeConns(1012, "agent moved to another node")
+	}
+}
+
+func (rt *Runtime) residentMatching(match func(Path) bool) []*instance {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var out []*instance
+	for _, in := range rt.instances {
+		if match(in.path) {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+func (rt *Runtime) forget(list []*instance, reason string) {
+	rt.mu.Lock()
+	for _, in := range list {
+		rt.forgetLocked(in)
+	}
+	rt.mu.Unlock()
+	for _, in := range list {
+		rt.diag.Publish(rt.ctx, diag.ChannelAgent, "evict", in.key, map[string]any{"reason": reason})
+	}
+}
+
+// waitIdle waits until the instance is not in use, or ctx is done.
+func (in *instance) waitIdle(ctx context.Context) {
+	rt := in.rt
+	for {
+		rt.mu.Lock()
+		if in.busy == 0 {
+			rt.mu.Unlock()
+			return
+		}
+		if in.idleWait == nil {
+			in.idleWait = make(chan struct{})
+		}
+		ch := in.idleWait
+		rt.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func notOwned(path Path) error { return fmt.Errorf("%w: %s", ErrNotOwner, path) }

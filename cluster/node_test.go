@@ -1,0 +1,308 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/agentry/agentry/agent"
+)
+
+const testShards = 64
+
+func join(t testing.TB, d *db, id string, clock clockwork.Clock, mod func(*Config)) *Node {
+	t.Helper()
+	cfg := Config{Pool: d.pool, NodeID: id, Addr: id + ":1", Shards: testShards, Lease: 4 * time.Second, Clock: clock}
+	if mod != nil {
+		mod(&cfg)
+	}
+	n, err := Join(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	return n
+}
+
+func step(t testing.TB, ns ...*Node) {
+	t.Helper()
+	for _, n := range ns {
+		if err := n.Step(context.Background()); err != nil {
+			t.Fatalf("%s: %v", n.ID(), err)
+		}
+	}
+}
+
+// owners reads the shard owners from the database.
+func owners(t testing.TB, d *db) map[string][]int {
+	t.Helper()
+	rows, err := d.pool.Query(context.Background(), `SELECT shard, COALESCE(owner, '') FROM cluster_shards ORDER BY shard`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string][]int{}
+	for rows.Next() {
+		var s int
+		var o string
+		if err := rows.Scan(&s, &o); err != nil {
+			t.Fatal(err)
+		}
+		out[o] = append(out[o], s)
+	}
+	return out
+}
+
+func pathOnShard(t testing.TB, shard int) agent.Path {
+	t.Helper()
+	for i := 0; i < 100000; i++ {
+		p := agent.Path{{Class: "A", Name: fmt.Sprint(i)}}
+		if ShardOf(p, testShards) == shard {
+			return p
+		}
+	}
+	t.Fatal("no path found")
+	return nil
+}
+
+func fence(t testing.TB, d *db, n *Node, p agent.Path) error {
+	t.Helper()
+	tx, stx := d.begin(t)
+	err := n.Fence(context.Background(), stx, p)
+	if err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func TestShardOfSpreadsChildren(t *testing.T) {
+	counts := make([]int, 3)
+	parent := agent.Path{{Class: "Assistant", Name: "default"}}
+	for i := range 1000 {
+		counts[ShardOf(parent.Child("Researcher", fmt.Sprint("run-", i)), DefaultShards)%3]++
+	}
+	for i, c := range counts {
+		if c < 200 {
+			t.Errorf("group %d got %d of 1000 children", i, c)
+		}
+	}
+	if ShardOf(parent, DefaultShards) != ShardOf(agent.Path{{Class: "Assistant", Name: "default"}}, DefaultShards) {
+		t.Fatal("ShardOf is not stable")
+	}
+}
+
+func TestJoinSplitsShardsAndLeaveClearsOwners(t *testing.T) {
+	d := newDB(t)
+	clock := clockwork.NewFakeClock()
+	a := join(t, d, "a", clock, nil)
+	step(t, a)
+	if got := len(a.Owned()); got != testShards {
+		t.Fatalf("a alone owns %d shards, want %d", got, testShards)
+	}
+	var drained []int
+	b := join(t, d, "b", clock, nil)
+	step(t, b) // b sees two nodes but every shard is held
+	if len(b.Owned()) != 0 {
+		t.Fatalf("b took held shards: %v", b.Owned())
+	}
+	a.cfg.Drain = func(ctx context.Context, shards []int) {
+		// While a drains, the shards are still a's in the database and
+		// a's writes are still accepted, but a no longer serves them.
+		own := owners(t, d)
+		for _, s := range shards {
+			if !slices.Contains(own["a"], s) {
+				t.Errorf("shard %d lost its owner before the drain ended", s)
+			}
+			if a.Owns(pathOnShard(t, s)) {
+				t.Errorf("a still serves shard %d while draining", s)
+			}
+		}
+		if err := fence(t, d, a, pathOnShard(t, shards[0])); err != nil {
+			t.Errorf("write during the drain refused: %v", err)
+		}
+		drained = append(drained, shards...)
+	}
+	step(t, a, b)
+	if len(a.Owned()) != testShards/2 || len(b.Owned()) != testShards/2 {
+		t.Fatalf("after b joined: a %d, b %d shards", len(a.Owned()), len(b.Owned()))
+	}
+	if len(drained) != testShards/2 {
+		t.Fatalf("a drained %d shards, want %d", len(drained), testShards/2)
+	}
+	for _, s := range drained {
+		if err := fence(t, d, a, pathOnShard(t, s)); !errors.Is(err, ErrNotOwner) {
+			t.Fatalf("a wrote to handed-over shard %d: %v", s, err)
+		}
+		if err := fence(t, d, b, pathOnShard(t, s)); err != nil {
+			t.Fatalf("b cannot write to its shard %d: %v", s, err)
+		}
+	}
+	own := owners(t, d)
+	if len(own["a"]) != testShards/2 || len(own["b"]) != testShards/2 {
+		t.Fatalf("database owners: %v", own)
+	}
+	if err := b.Leave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	own = owners(t, d)
+	if len(own[""]) != testShards/2 || len(own["b"]) != 0 {
+		t.Fatalf("after b left, its shards keep an owner: %v", own)
+	}
+	step(t, a)
+	if len(a.Owned()) != testShards {
+		t.Fatalf("a took %d shards after b left at once, want all %d", len(a.Owned()), testShards)
+	}
+}
+
+func TestExpiredLeaseIsTakenOverAndFenced(t *testing.T) {
+	d := newDB(t)
+	clockA := clockwork.NewFakeClock()
+	clockB := clockwork.NewFakeClockAt(clockA.Now())
+	var mu sync.Mutex
+	var lostA []int
+	a := join(t, d, "a", clockA, func(c *Config) {
+		c.Lost = func(s []int) { mu.Lock(); lostA = append(lostA, s...); mu.Unlock() }
+	})
+	step(t, a)
+	p := pathOnShard(t, 7)
+	if err := fence(t, d, a, p); err != nil {
+		t.Fatal(err)
+	}
+	b := join(t, d, "b", clockB, nil)
+	// b's clock runs past a's lease; a's does not move (a paused node).
+	clockB.Advance(a.Lease() + time.Millisecond)
+	step(t, b)
+	if len(b.Owned()) != testShards {
+		t.Fatalf("b took %d expired shards, want %d", len(b.Owned()), testShards)
+	}
+	if !a.Owns(p) {
+		t.Fatal("a's local deadline is in its own clock and has not passed")
+	}
+	if err := fence(t, d, a, p); !errors.Is(err, ErrFenced) {
+		t.Fatalf("stale owner's write: %v, want ErrFenced", err)
+	}
+	if a.Owns(p) {
+		t.Fatal("a still serves a shard it was fenced from")
+	}
+	mu.Lock()
+	if !slices.Contains(lostA, 7) {
+		t.Errorf("Lost not told about shard 7: %v", lostA)
+	}
+	mu.Unlock()
+	// a's renewal finds every lease moved.
+	step(t, a)
+	if len(a.Owned()) != 0 {
+		t.Fatalf("a kept %d shards after b took them", len(a.Owned()))
+	}
+	if err := fence(t, d, b, p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLocalDeadlineStopsServingBeforeExpiry(t *testing.T) {
+	d := newDB(t)
+	clock := clockwork.NewFakeClock()
+	a := join(t, d, "a", clock, nil)
+	step(t, a)
+	p := pathOnShard(t, 3)
+	clock.Advance(a.Lease() * 3 / 4)
+	// The lease has a quarter left in the database, but a stops now.
+	if a.Owns(p) {
+		t.Fatal("a serves past its local deadline")
+	}
+	if err := fence(t, d, a, p); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("write past the local deadline: %v", err)
+	}
+	var expires int64
+	if err := d.pool.QueryRow(context.Background(), `SELECT expires_at FROM cluster_shards WHERE shard = 3`).Scan(&expires); err != nil {
+		t.Fatal(err)
+	}
+	if !clock.Now().Before(time.UnixMilli(expires)) {
+		t.Fatal("the local deadline is not before the lease's expiry")
+	}
+	step(t, a) // renewal restores it
+	if !a.Owns(p) {
+		t.Fatal("renewed lease not served")
+	}
+}
+
+func TestFenceHoldsOffTakeover(t *testing.T) {
+	d := newDB(t)
+	clockA := clockwork.NewFakeClock()
+	clockB := clockwork.NewFakeClockAt(clockA.Now())
+	a := join(t, d, "a", clockA, nil)
+	step(t, a)
+	p := pathOnShard(t, 11)
+	tx, stx := d.begin(t)
+	if err := a.Fence(context.Background(), stx, p); err != nil {
+		t.Fatal(err)
+	}
+	b := join(t, d, "b", clockB, nil)
+	clockB.Advance(a.Lease() + time.Millisecond)
+	step(t, b)
+	if slices.Contains(b.Owned(), 11) {
+		t.Fatal("b took a shard with a write in flight")
+	}
+	if len(b.Owned()) != testShards-1 {
+		t.Fatalf("b took %d shards, want all but the locked one", len(b.Owned()))
+	}
+	// a's transaction commits before the takeover: its write is ordered
+	// before the new epoch.
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	step(t, b)
+	if !slices.Contains(b.Owned(), 11) {
+		t.Fatal("b did not take the shard once the write ended")
+	}
+	if err := fence(t, d, a, p); !errors.Is(err, ErrFenced) {
+		t.Fatalf("a wrote after the takeover: %v", err)
+	}
+}
+
+func TestPausedTransactionLosesItsLock(t *testing.T) {
+	d := newDB(t)
+	clockA := clockwork.NewFakeClock()
+	clockB := clockwork.NewFakeClockAt(clockA.Now())
+	// A short lease: the idle timeout (a quarter of it) is real time.
+	mod := func(c *Config) { c.Lease = 400 * time.Millisecond }
+	a := join(t, d, "a", clockA, mod)
+	step(t, a)
+	p := pathOnShard(t, 5)
+	tx, stx := d.begin(t)
+	if err := a.Fence(context.Background(), stx, p); err != nil {
+		t.Fatal(err)
+	}
+	// a pauses here, inside its transaction. The database ends the
+	// transaction after the idle timeout, which releases its lock: this
+	// statement waits for exactly that.
+	ctx := context.Background()
+	if _, err := d.pool.Exec(ctx, `SELECT 1 FROM cluster_shards WHERE shard = 5 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	b := join(t, d, "b", clockB, mod)
+	clockB.Advance(a.Lease() + time.Millisecond)
+	step(t, b)
+	if !slices.Contains(b.Owned(), 5) {
+		t.Fatal("b could not take the shard of the paused transaction")
+	}
+	// a wakes up: its write does not land.
+	if _, err := stx.Exec(ctx, `CREATE TABLE late (x int)`); err == nil {
+		if err := tx.Commit(); err == nil {
+			t.Fatal("the paused owner's write committed after it lost the lease")
+		}
+	} else {
+		tx.Rollback()
+	}
+	var exists bool
+	if err := d.pool.QueryRow(ctx, `SELECT to_regclass('late') IS NOT NULL`).Scan(&exists); err != nil || exists {
+		t.Fatalf("late write landed: %v %v", exists, err)
+	}
+}

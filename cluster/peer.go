@@ -1,0 +1,222 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
+)
+
+// PeerPrefix is the URL path prefix of the node-to-node calls.
+const PeerPrefix = "/_agentry/cluster/"
+
+// secretHeader carries the cluster's shared secret on node-to-node calls.
+const secretHeader = "X-Agentry-Cluster-Secret"
+
+// maxPeerBody bounds the body of a node-to-node call (a run's input).
+const maxPeerBody = 16 << 20
+
+// Peer is the node-to-node calls of a cluster over HTTP: it implements
+// agenttool.Remote for this node's parents (calling the owner of a child)
+// and serves those calls for this node's children (Handler). Calls carry
+// the cluster's shared secret (Secret, kept in the database), and the
+// handler refuses any request without it.
+type Peer struct {
+	// Node answers who owns a child. Required.
+	Node *Node
+	// Runtime hosts this node's children; set it before the node serves.
+	Runtime *agent.Runtime
+	// Secret is the cluster's shared secret (Secret).
+	Secret string
+	// Client makes the calls; nil means a client with a 30-second timeout.
+	Client *http.Client
+}
+
+var _ agenttool.Remote = (*Peer)(nil)
+
+// Secret returns the cluster's shared secret for node-to-node calls,
+// creating it on first use. It lives in the database, which every node
+// can read and nothing else needs to.
+func Secret(ctx context.Context, n *Node) (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	var s string
+	err := pgx.BeginFunc(ctx, n.cfg.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO cluster_config (key, value) VALUES ('peer_secret', $1) ON CONFLICT DO NOTHING`, hex.EncodeToString(b[:])); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT value FROM cluster_config WHERE key = 'peer_secret'`).Scan(&s)
+	})
+	if err != nil {
+		return "", fmt.Errorf("cluster: peer secret: %w", err)
+	}
+	return s, nil
+}
+
+// StartChild asks the child's owner to start the run.
+func (p *Peer) StartChild(ctx context.Context, req agenttool.RemoteStart) (string, error) {
+	var out struct {
+		StreamID string `json:"streamId"`
+	}
+	err := p.call(ctx, req.Child(), "start-child", req, &out, func(ctx context.Context) error {
+		id, err := agenttool.StartRemoteChild(ctx, p.Runtime, req)
+		out.StreamID = id
+		return err
+	})
+	return out.StreamID, err
+}
+
+// CancelChild asks the child's owner to abort the run.
+func (p *Peer) CancelChild(ctx context.Context, req agenttool.RemoteCancel) error {
+	return p.call(ctx, req.Child, "cancel-child", req, nil, func(ctx context.Context) error {
+		return agenttool.CancelRemoteChild(ctx, p.Runtime, req)
+	})
+}
+
+// errMoving is a call that reached no owner: the shard is changing hands.
+var errMoving = errors.New("cluster: no owner reachable")
+
+// call sends a node-to-node call to the owner of path, or runs local when
+// this node owns it. While the shard changes hands (no owner, a refused
+// or failed call) it retries, for up to two leases.
+func (p *Peer) call(ctx context.Context, path agent.Path, op string, in, out any, local func(context.Context) error) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	clock := p.Node.clock
+	// Long enough for a dead owner's lease to expire and a new owner to
+	// take the shard.
+	deadline := clock.Now().Add(4 * p.Node.Lease())
+	wait := 20 * time.Millisecond
+	for {
+		if p.Node.Owns(path) {
+			err = local(ctx)
+			if !errors.Is(err, agent.ErrNotOwner) {
+				return err
+			}
+		} else if _, addr, ok := p.Node.Owner(path); ok {
+			// One attempt lasts at most half a lease: an owner that does
+			// not answer (paused, or dying) loses the shard soon, and the
+			// call goes to the next owner (both calls are idempotent).
+			actx, cancel := context.WithTimeout(ctx, p.Node.Lease()/2)
+			err = p.post(actx, addr, op, body, out)
+			cancel()
+			if err != nil && ctx.Err() == nil && actx.Err() != nil {
+				err = fmt.Errorf("%w: %w", errMoving, err)
+			}
+			if err == nil || !errors.Is(err, errMoving) {
+				return err
+			}
+		} else {
+			err = errMoving
+		}
+		if !clock.Now().Before(deadline) {
+			return fmt.Errorf("cluster: %s %s: %w", op, path, err)
+		}
+		t := clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.Chan():
+		}
+		wait = min(wait*2, p.Node.Lease()/4)
+	}
+}
+
+func (p *Peer) post(ctx context.Context, addr, op string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+PeerPrefix+op, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set(secretHeader, p.Secret)
+	req.Header.Set("Content-Type", "application/json")
+	c := p.Client
+	if c == nil {
+		c = &http.Client{Timeout: 30 * time.Second}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errMoving, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxPeerBody))
+	switch {
+	case resp.StatusCode == http.StatusMisdirectedRequest || resp.StatusCode == http.StatusServiceUnavailable:
+		return fmt.Errorf("%w: %s", errMoving, strings.TrimSpace(string(data)))
+	case resp.StatusCode != http.StatusOK:
+		return fmt.Errorf("cluster: %s on %s: %d %s", op, addr, resp.StatusCode, strings.TrimSpace(string(data)))
+	}
+	if out != nil {
+		return json.Unmarshal(data, out)
+	}
+	return nil
+}
+
+// Handler serves the node-to-node calls under PeerPrefix.
+func (p *Peer) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		if p.Secret == "" || subtle.ConstantTimeCompare([]byte(r.Header.Get(secretHeader)), []byte(p.Secret)) != 1 {
+			http.Error(w, "forbidden", http.StatusForbidden)
+			return
+		}
+		data, err := io.ReadAll(io.LimitReader(r.Body, maxPeerBody+1))
+		if err != nil || len(data) > maxPeerBody {
+			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		ctx := r.Context()
+		var out any
+		switch strings.TrimPrefix(r.URL.Path, PeerPrefix) {
+		case "start-child":
+			var req agenttool.RemoteStart
+			if err = json.Unmarshal(data, &req); err == nil {
+				var id string
+				// The child's turn outlives the call.
+				id, err = agenttool.StartRemoteChild(context.WithoutCancel(ctx), p.Runtime, req)
+				out = map[string]string{"streamId": id}
+			}
+		case "cancel-child":
+			var req agenttool.RemoteCancel
+			if err = json.Unmarshal(data, &req); err == nil {
+				err = agenttool.CancelRemoteChild(ctx, p.Runtime, req)
+				out = map[string]string{}
+			}
+		default:
+			http.NotFound(w, r)
+			return
+		}
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &se):
+			http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
+		case errors.Is(err, agent.ErrNotOwner), errors.Is(err, ErrNotOwner), errors.Is(err, ErrFenced):
+			http.Error(w, err.Error(), http.StatusMisdirectedRequest)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(out)
+		}
+	})
+}

@@ -1,0 +1,129 @@
+// Package clusterserve runs one node of an Agentry cluster on PostgreSQL
+// the way `agentry serve --postgres` and the cluster tests' server command
+// do: it joins the cluster (package cluster), builds the application's
+// runtime on the shared database with the node as its placement, serves
+// the node's router (local instances, forwarding to the owners, the
+// node-to-node calls) and, on shutdown, hands the node's shards over.
+package clusterserve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/cluster"
+	"github.com/agentry/agentry/internal/serve"
+	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/store/postgres"
+)
+
+// App is the application a node serves.
+type App struct {
+	// Runtime hosts the agents; created with the placement Build got.
+	Runtime *agent.Runtime
+	// Handler serves this node's own requests (a server.Server).
+	Handler http.Handler
+	// Route parses an escaped URL path into the instance it addresses
+	// (server.Server.ParseRoute).
+	Route func(escapedPath string) (agent.Path, bool)
+	// Close closes the sockets and the runtime (not the DB).
+	Close func() error
+}
+
+// Config is what Run serves.
+type Config struct {
+	// Listener is the open port.
+	Listener net.Listener
+	// Postgres is the cluster database's URL.
+	Postgres string
+	// NodeID names this node. Required.
+	NodeID string
+	// Advertise is the host:port other nodes reach this node at; "" means
+	// the listener's address.
+	Advertise string
+	// Lease is the shard lease; zero means cluster's default.
+	Lease time.Duration
+	// Logger receives the logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Build creates the application on db, with place as the runtime's
+	// agent.Options.Placement and remote as agenttool.Options.Remote.
+	Build func(ctx context.Context, db store.DB, place agent.Placement, remote agenttool.Remote) (App, error)
+}
+
+// Run serves the node until ctx is done, then hands its shards over and
+// closes everything.
+func Run(ctx context.Context, c Config) error {
+	if c.NodeID == "" {
+		return errors.New("cluster node: a node id is required")
+	}
+	logger := c.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	advertise := c.Advertise
+	if advertise == "" {
+		advertise = c.Listener.Addr().String()
+	}
+	pool, err := pgxpool.New(ctx, c.Postgres)
+	if err != nil {
+		return fmt.Errorf("cluster database: %w", err)
+	}
+	defer pool.Close()
+	db, err := postgres.Open(ctx, c.Postgres)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	node, err := cluster.Join(ctx, cluster.Config{Pool: pool, NodeID: c.NodeID, Addr: advertise, Lease: c.Lease,
+		Logger: logger.With("node", c.NodeID)})
+	if err != nil {
+		return err
+	}
+	secret, err := cluster.Secret(ctx, node)
+	if err != nil {
+		node.Close()
+		return err
+	}
+	peer := &cluster.Peer{Node: node, Secret: secret}
+	app, err := c.Build(ctx, db, node, peer)
+	if err != nil {
+		node.Close()
+		return err
+	}
+	peer.Runtime = app.Runtime
+	node.Attach(app.Runtime)
+	router := &cluster.Router{Node: node, Local: app.Handler, Peer: peer.Handler(), Route: app.Route, Logger: logger}
+	// A first round of leases before the port serves, so the node knows
+	// the owners from its first request.
+	if err := node.Step(ctx); err != nil {
+		logger.Warn("cluster: first step", "err", err)
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	runDone := make(chan struct{})
+	go func() {
+		defer close(runDone)
+		node.Run(runCtx)
+	}()
+	err = serve.Run(ctx, serve.Config{Listener: c.Listener, Handler: router, Runtime: app.Runtime, Logger: logger})
+	logger.Info("shutting down: handing shards over", "node", c.NodeID)
+	lctx, cancel := context.WithTimeout(context.Background(), node.Lease())
+	if lerr := node.Leave(lctx); lerr != nil {
+		logger.Warn("cluster: leave", "err", lerr)
+	}
+	cancel()
+	stopRun()
+	<-runDone
+	router.Close()
+	if cerr := app.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
