@@ -275,6 +275,9 @@ func (c *core) storedResult(ctx context.Context, id string) (TurnResult, error) 
 		}
 	}
 	c.mu.Unlock()
+	if r.Outcome == OutcomeCompleted {
+		r.Waiting = waitingCalls(r.Message)
+	}
 	return r, nil
 }
 
@@ -313,6 +316,7 @@ type acceptRequest struct {
 	tx           func(ctx context.Context, tx store.Tx, id string) error
 	end          *EndHook
 	limited      bool // a client's request: refused beyond Config.MaxQueuedRequests
+	committed    func() // runs after the commit, before the turn is queued
 }
 
 // SubmittedTurn returns the id of the turn submitted with idempotency key,
@@ -338,6 +342,11 @@ func (b *Base) SubmittedTurn(ctx context.Context, key string) (string, bool, err
 func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	c.acceptMu.Lock()
 	defer c.acceptMu.Unlock()
+	return c.acceptLocked(ctx, req)
+}
+
+// acceptLocked is accept with c.acceptMu held.
+func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, error) {
 	if req.id == "" {
 		req.id = newID()
 	}
@@ -399,6 +408,15 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 			ON CONFLICT (instance_id, reason) DO NOTHING`, c.iid, wakeReason); err != nil {
 			return err
 		}
+		if req.continuation {
+			// A continuation goes on from the turn that wrote its message:
+			// its request body (client tools) unless it brings its own,
+			// and, for a retained stream (an agent-tool run's), its
+			// numbering, so that the run's timeline is one sequence.
+			if err := continueFrom(ctx, tx, c.iid, &row); err != nil {
+				return err
+			}
+		}
 		if err := insertStream(ctx, tx, c.iid, row, now); err != nil {
 			return err
 		}
@@ -412,6 +430,9 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	}
 	if existing != "" {
 		return existing, nil
+	}
+	if req.committed != nil {
+		req.committed()
 	}
 	c.mu.Lock()
 	if c.gen != gen {

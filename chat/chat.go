@@ -165,6 +165,10 @@ type TurnResult struct {
 	// Exhausted is set when recovery gave up on the turn (it was sealed:
 	// outcome error, Error the terminal message, which also ends Message).
 	Exhausted ExhaustReason
+	// Waiting lists the tool calls a completed turn ended waiting for:
+	// approvals and client tools' outputs. Their answers continue the
+	// message in a continuation turn (see AddToolApprovalResponse).
+	Waiting []WaitingCall
 }
 
 // Text returns the concatenated text parts of the turn's message.

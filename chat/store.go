@@ -171,9 +171,32 @@ func insertStream(ctx context.Context, tx store.Tx, iid int64, s streamRow, now 
 	if s.Continuation {
 		cont = 1
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at, retain)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now, boolInt(s.Retain))
+	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at, retain, next_seq)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now, boolInt(s.Retain), s.NextSeq)
 	return err
+}
+
+// continueFrom fills in a continuation's row from the latest stream that
+// wrote the same message: its body when the row has none, and for a
+// retained stream its retention and next sequence.
+func continueFrom(ctx context.Context, tx store.Tx, iid int64, s *streamRow) error {
+	var body sql.NullString
+	var retain, next int
+	err := tx.QueryRow(ctx, `SELECT body, retain, next_seq FROM chat_streams WHERE instance_id = ? AND message_id = ?
+		ORDER BY created_at DESC, id DESC LIMIT 1`, iid, s.MessageID).Scan(&body, &retain, &next)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if body.Valid {
+		s.Body = mergeBody(json.RawMessage(body.String), s.Body)
+	}
+	if retain != 0 {
+		s.Retain, s.NextSeq = true, next
+	}
+	return nil
 }
 
 func nullRaw(b json.RawMessage) any {
@@ -319,4 +342,24 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// mergeBody returns the request body base with the members of over put
+// over its own.
+func mergeBody(base, over json.RawMessage) json.RawMessage {
+	if len(over) == 0 {
+		return base
+	}
+	var b, o map[string]json.RawMessage
+	if json.Unmarshal(base, &b) != nil || json.Unmarshal(over, &o) != nil {
+		return over
+	}
+	for k, v := range o {
+		b[k] = v
+	}
+	out, err := json.Marshal(b)
+	if err != nil {
+		return over
+	}
+	return out
 }

@@ -55,6 +55,7 @@ type turn struct {
 	hidden   int  // leading parts a retried turn's model does not see
 	kept     int  // stored chunks a recovery found (and kept)
 	finished bool // a finish chunk was written
+	stepOpen bool // a step is started and not finished (guarded by writeMu)
 	errText  string
 }
 
@@ -183,6 +184,12 @@ func (t *turn) write(ch message.Chunk) error {
 	}
 	if err := t.builder.Apply(ch); err != nil {
 		return fmt.Errorf("chat: invalid chunk stream: %w", err)
+	}
+	switch ch.Type {
+	case message.ChunkStartStep:
+		t.stepOpen = true
+	case message.ChunkFinishStep:
+		t.stepOpen = false
 	}
 	t.send(ch)
 	return nil
@@ -643,6 +650,9 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 				message.FinishStep())
 		}
 	}
+	t.writeMu.Lock()
+	t.stepOpen = stepOpen
+	t.writeMu.Unlock()
 	for _, ch := range closing {
 		if err := t.write(ch); err != nil {
 			return 0, false, err
@@ -703,6 +713,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		msg = t.builder.Message()
 		hasMsg = len(msg.Parts) > 0
 		res.Message = msg
+		if outcome == OutcomeCompleted {
+			res.Waiting = waitingCalls(msg)
+		}
 	}
 
 	// The transcript is read, changed and stored under acceptMu, like every
