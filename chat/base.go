@@ -315,7 +315,7 @@ type acceptRequest struct {
 	retain       bool
 	tx           func(ctx context.Context, tx store.Tx, id string) error
 	end          *EndHook
-	limited      bool // a client's request: refused beyond Config.MaxQueuedRequests
+	limited      bool   // a client's request: refused beyond Config.MaxQueuedRequests
 	committed    func() // runs after the commit, before the turn is queued
 }
 
