@@ -84,6 +84,13 @@ type childRun struct {
 	// fuse, when set, lets the turn's end transaction also write the
 	// awaiting parent's terminal row.
 	fuse *parentFuse
+	// The run's wait for input (waiting.go), guarded by host.mu: the calls
+	// its turn ended waiting for, closed and replaced on every change of
+	// waiting or streamID, and closed when the run is canceled while it
+	// waits.
+	waiting []chat.WaitingCall
+	changed chan struct{}
+	abort   chan struct{}
 }
 
 // childEnd is a run's end as recorded in the child's row.
@@ -174,7 +181,8 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	body, _ := json.Marshal(map[string]json.RawMessage{"agentToolInput": orNull(input)})
 	// The run is known under its turn's id before the turn starts, so the
 	// child's first ReportProgress already finds it.
-	cr = &childRun{runID: runID, streamID: newID(), done: make(chan struct{}), fuse: opt.fuse}
+	cr = &childRun{runID: runID, streamID: newID(), done: make(chan struct{}), fuse: opt.fuse,
+		changed: make(chan struct{}), abort: make(chan struct{})}
 	h.mu.Lock()
 	if other, ok := h.child[runID]; ok {
 		h.mu.Unlock()
@@ -224,6 +232,9 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 	}
 	return &chat.EndHook{
 		Write: func(ctx context.Context, tx store.Tx, res chat.TurnResult, next int) error {
+			if len(res.Waiting) > 0 {
+				return nil // the run waits for input; a continuation goes on with it
+			}
 			h.mu.Lock()
 			reason := cr.reason
 			h.mu.Unlock()
@@ -364,7 +375,7 @@ func (h *host) track(runID, streamID string, finished bool) *childRun {
 		h.mu.Unlock()
 		return cr
 	}
-	cr := &childRun{runID: runID, streamID: streamID, done: make(chan struct{})}
+	cr := &childRun{runID: runID, streamID: streamID, done: make(chan struct{}), changed: make(chan struct{}), abort: make(chan struct{})}
 	if finished {
 		h.mu.Unlock()
 		close(cr.done)
@@ -393,7 +404,7 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 		return
 	}
 	cb, _ := chatOf(h.a)
-	res, err := cb.WaitTurn(ctx, cr.streamID)
+	res, err := h.waitRunTurns(ctx, cb, cr)
 	if ctx.Err() != nil {
 		return // shutting down: the run resumes with the process
 	}
@@ -559,6 +570,7 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 	cr, ok := h.child[runID]
 	if ok {
 		cr.reason = reason
+		cr.stopWaitLocked()
 	}
 	h.mu.Unlock()
 	if cb, has := chatOf(h.a); ok && has {

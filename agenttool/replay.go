@@ -122,10 +122,15 @@ type chunk struct {
 func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
 	out := map[string][]chunk{}
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		// A run's stream is its turn's, and those of the continuations
+		// that its waits for input led to (they write the same message and
+		// continue its sequence).
 		rows, err := tx.Query(ctx, `SELECT c.run_id, ch.seq, ch.body
 			FROM instances i
 			JOIN agent_tool_child_runs c ON c.instance_id = i.id AND i.name = c.run_id
-			JOIN chat_chunks ch ON ch.instance_id = c.instance_id AND ch.stream_id = c.request_id
+			JOIN chat_streams s0 ON s0.instance_id = c.instance_id AND s0.id = c.request_id
+			JOIN chat_streams s ON s.instance_id = c.instance_id AND s.message_id = s0.message_id AND s.retain = 1
+			JOIN chat_chunks ch ON ch.instance_id = c.instance_id AND ch.stream_id = s.id
 			WHERE i.parent_id = ?
 			ORDER BY c.run_id, ch.seq`, h.iid)
 		if err != nil {
@@ -164,13 +169,40 @@ func (h *host) liveChunks(ctx context.Context, r runRow) []chunk {
 	if !ok {
 		return nil
 	}
-	list, err := cb.StreamChunks(ctx, insp.RequestID, -1)
+	// The turns its waits for input ended (stored), then the current one
+	// (live chunks included).
+	var out []chunk
+	err = h.rt.DB().View(ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT ch.seq, ch.body FROM chat_streams s0
+			JOIN chat_streams s ON s.instance_id = s0.instance_id AND s.message_id = s0.message_id AND s.retain = 1 AND s.id <> s0.id
+			JOIN chat_chunks ch ON ch.instance_id = s.instance_id AND ch.stream_id = s.id
+			WHERE s0.instance_id = ? AND s0.id = ? ORDER BY ch.seq`, ch.iid, insp.RequestID)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c chunk
+			if err := rows.Scan(&c.seq, &c.body); err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return rows.Err()
+	})
 	if err != nil {
 		return nil
 	}
-	out := make([]chunk, len(list))
-	for i, c := range list {
-		out[i] = chunk{seq: c.Seq, body: c.Body}
+	after := -1
+	if n := len(out); n > 0 {
+		after = out[n-1].seq
+	}
+	list, err := cb.StreamChunks(ctx, insp.RequestID, after)
+	if err != nil {
+		return nil
+	}
+	for _, c := range list {
+		out = append(out, chunk{seq: c.Seq, body: c.Body})
 	}
 	return out
 }

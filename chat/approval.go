@@ -466,3 +466,63 @@ func (t *turn) inStep() bool {
 	defer t.writeMu.Unlock()
 	return t.stepOpen
 }
+
+// NextTurn waits for the turn that continues the message of the turn
+// streamID (the continuation an answer to its waiting calls starts) and
+// returns its id: at once if one was accepted already. Agent tools use it
+// to follow a child's run through its waits. Waiting is an await point.
+func (b *Base) NextTurn(ctx context.Context, streamID string) (string, error) {
+	c := b.c
+	ch := make(chan string, 1)
+	c.mu.Lock()
+	c.next[streamID] = append(c.next[streamID], ch)
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		list := c.next[streamID]
+		for i, w := range list {
+			if w == ch {
+				list = append(list[:i:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(list) == 0 {
+			delete(c.next, streamID)
+		} else {
+			c.next[streamID] = list
+		}
+		c.mu.Unlock()
+	}()
+	var id string
+	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		id, err = nextStream(ctx, tx, c.iid, streamID)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("chat: next turn of %s: %w", streamID, err)
+	}
+	if id != "" {
+		return id, nil
+	}
+	err = agent.Await(ctx, func() error {
+		select {
+		case id = <-ch:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	})
+	return id, err
+}
+
+// notifyNext tells the waiters of NextTurn about a continuation accepted
+// after the turn prev. c.mu held.
+func (c *core) notifyNextLocked(prev, id string) {
+	for _, ch := range c.next[prev] {
+		select {
+		case ch <- id:
+		default:
+		}
+	}
+}

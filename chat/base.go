@@ -67,6 +67,7 @@ type core struct {
 	waiters    map[string][]chan TurnResult
 	follow     map[string]map[*follower]struct{} // stream id → live followers
 	ending     map[string]bool                   // canceled queued turns whose end is being recorded
+	next       map[string][]chan string          // NextTurn waiters by the stream they wait after
 	release    func()                            // KeepAlive of the worker
 
 	// accepts counts accepted turns. A turn's end that cleared the wake
@@ -91,6 +92,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		waiters: map[string][]chan TurnResult{},
 		follow:  map[string]map[*follower]struct{}{},
 		ending:  map[string]bool{},
+		next:    map[string][]chan string{},
 	}
 	b.c = c
 	if b.Created() {
@@ -449,6 +451,9 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	t.end = req.end
 	c.queue = append(c.queue, t)
 	c.accepts++
+	if row.prev != "" {
+		c.notifyNextLocked(row.prev, row.ID)
+	}
 	c.mu.Unlock()
 	// The other connections see the new message before the turn that
 	// answers it starts streaming.

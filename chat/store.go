@@ -104,6 +104,9 @@ type streamRow struct {
 	NextSeq      int
 	Retain       bool
 	ToolsFrom    int // -1 when no step is executing tools
+	// prev is the stream a continuation goes on from (set when it is
+	// accepted; not stored).
+	prev string
 }
 
 func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Message, error) {
@@ -176,14 +179,28 @@ func insertStream(ctx context.Context, tx store.Tx, iid int64, s streamRow, now 
 	return err
 }
 
+// nextStream returns the id of the continuation that follows the stream
+// id (the first stream after it that continues the same message), or "".
+func nextStream(ctx context.Context, tx store.Tx, iid int64, id string) (string, error) {
+	var next string
+	err := tx.QueryRow(ctx, `SELECT n.id FROM chat_streams s JOIN chat_streams n
+		ON n.instance_id = s.instance_id AND n.message_id = s.message_id AND n.continuation = 1
+			AND (n.created_at > s.created_at OR (n.created_at = s.created_at AND n.id > s.id))
+		WHERE s.instance_id = ? AND s.id = ? ORDER BY n.created_at, n.id LIMIT 1`, iid, id).Scan(&next)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return next, err
+}
+
 // continueFrom fills in a continuation's row from the latest stream that
 // wrote the same message: its body when the row has none, and for a
 // retained stream its retention and next sequence.
 func continueFrom(ctx context.Context, tx store.Tx, iid int64, s *streamRow) error {
 	var body sql.NullString
 	var retain, next int
-	err := tx.QueryRow(ctx, `SELECT body, retain, next_seq FROM chat_streams WHERE instance_id = ? AND message_id = ?
-		ORDER BY created_at DESC, id DESC LIMIT 1`, iid, s.MessageID).Scan(&body, &retain, &next)
+	err := tx.QueryRow(ctx, `SELECT id, body, retain, next_seq FROM chat_streams WHERE instance_id = ? AND message_id = ?
+		ORDER BY created_at DESC, id DESC LIMIT 1`, iid, s.MessageID).Scan(&s.prev, &body, &retain, &next)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil
 	}

@@ -1,0 +1,205 @@
+package agenttool_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/model"
+	"github.com/agentry/agentry/model/scripted"
+)
+
+// publisher is a child whose publish tool needs approval.
+type publisher struct {
+	chat.Base
+	published *atomic.Int64
+}
+
+func (p *publisher) ChatModel() model.Model {
+	return scripted.New(scripted.WithRules(
+		scripted.Rule{Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
+			r := scripted.ToolResults(req)[0]
+			return scripted.Reply{scripted.Text("publish result: " + string(r.Output))}
+		}},
+		scripted.Rule{Reply: scripted.Always(scripted.Reply{scripted.Text("Researching. "),
+			scripted.ToolCall("publish_findings", map[string]any{"title": "t"})})},
+	))
+}
+
+func (p *publisher) Tools() []chat.Tool {
+	return []chat.Tool{chat.NewTool("publish_findings", "Publish.", func(ctx context.Context, in struct {
+		Title string `json:"title"`
+	}) (string, error) {
+		p.published.Add(1)
+		return "published " + in.Title, nil
+	}).WithApproval(chat.RequireApproval)}
+}
+
+func startWaiting(t *testing.T, published *atomic.Int64) (*testenv.Env, *kit) {
+	k := newKit()
+	k.parentModel = scripted.New(scripted.WithRules(
+		scripted.Rule{Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.Text("parent got: " + string(scripted.ToolResults(req)[0].Output))}
+		}},
+		scripted.Rule{Reply: scripted.Always(scripted.Reply{scripted.ToolCall("research", researchInput{Query: "q"})})},
+	))
+	k.parentTools = []chat.Tool{agenttool.AgentTool[researchInput]("Publisher", agenttool.ToolOptions{Name: "research"})}
+	env := testenv.Start(t, testenv.Options{
+		Classes: []agent.Class{
+			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
+			{Name: "Publisher", New: func() agent.Agent { return &publisher{published: published} }},
+		},
+		Logger: k.logs.Logger(),
+		Setup: func(rt *agent.Runtime) error {
+			chat.Configure(rt, chat.Config{})
+			agenttool.Install(rt, agenttool.Options{})
+			return nil
+		},
+	})
+	return env, k
+}
+
+// waitingCall waits until the run's chunks carry a tool-approval-request
+// and returns its tool call id.
+func waitingCall(t *testing.T, ctx context.Context, w *wsClient, runID string) string {
+	t.Helper()
+	var id string
+	w.waitFrames(ctx, "the child's approval request", func(fs []agenttool.Frame) bool {
+		for _, f := range fs {
+			var ch message.Chunk
+			if f.Event.RunID == runID && f.Event.Kind == "chunk" && json.Unmarshal([]byte(f.Event.Body), &ch) == nil &&
+				ch.Type == message.ChunkToolApprovalRequest {
+				id = ch.ToolCallID
+				return true
+			}
+		}
+		return false
+	})
+	return id
+}
+
+// TestChildApprovalFromParent: a child's approval request reaches the
+// parent's clients under its run, which waits (the parent's turn too)
+// until a parent's client answers it with agent_tool_approval; then the
+// child runs the call once, and the run and the parent's turn complete
+// with one timeline.
+func TestChildApprovalFromParent(t *testing.T) {
+	var published atomic.Int64
+	env, _ := startWaiting(t, &published)
+	ctx := testCtx(t)
+	a := getAssistant(t, env, "p1")
+	w := dial(t, env, "assistant/p1")
+	done := make(chan chat.TurnResult, 1)
+	go func() {
+		res, err := a.SaveMessages(context.Background(), []message.Message{userMsg("research and publish")})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	var runID string
+	w.waitFrames(ctx, "the run's start", func(fs []agenttool.Frame) bool {
+		for _, f := range fs {
+			if f.Event.Kind == "started" {
+				runID = f.Event.RunID
+				return true
+			}
+		}
+		return false
+	})
+	call := waitingCall(t, ctx, w, runID)
+	w.waitRaw(ctx, "the waiting progress", func(s string) bool { return strings.Contains(s, `waiting-for-input`) })
+	if published.Load() != 0 {
+		t.Fatal("the tool ran before its approval")
+	}
+	select {
+	case res := <-done:
+		t.Fatalf("the parent's turn ended while its helper waited: %+v", res)
+	default:
+	}
+	// A refused answer: an unknown run.
+	w.send(map[string]any{"type": "agent_tool_approval", "runId": "nope", "toolCallId": call, "approved": true})
+	w.waitRaw(ctx, "the refusal", func(s string) bool { return strings.Contains(s, "unknown_run") })
+	w.send(map[string]any{"type": "agent_tool_approval", "runId": runID, "toolCallId": call, "approved": true})
+	res := <-done
+	if res.Outcome != chat.OutcomeCompleted || !strings.Contains(res.Text(), "published t") {
+		t.Fatalf("parent turn %+v", res)
+	}
+	if n := published.Load(); n != 1 {
+		t.Fatalf("published %d times, want 1", n)
+	}
+	fs := w.waitFrames(ctx, "the run's end", terminated(runID))
+	var seqs []int64
+	for _, f := range fs {
+		if f.Event.RunID == runID && f.Event.Kind == "chunk" && !strings.Contains(f.Event.Body, "data-agent-progress") {
+			seqs = append(seqs, f.Sequence)
+		}
+	}
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] != seqs[i-1]+1 {
+			t.Fatalf("run chunk sequences %v are not one sequence", seqs)
+		}
+	}
+	// A new connection replays the whole timeline: the request, the
+	// output, the end.
+	w2 := dial(t, env, "assistant/p1")
+	replay := w2.waitFrames(ctx, "the replay's end", terminated(runID))
+	var bodies []string
+	for _, f := range replay {
+		if f.Event.RunID == runID && f.Event.Kind == "chunk" {
+			bodies = append(bodies, f.Event.Body)
+		}
+	}
+	joined := strings.Join(bodies, "\n")
+	for _, want := range []string{message.ChunkToolApprovalRequest, message.ChunkToolOutputAvailable, `"finishReason":"stop"`} {
+		if !strings.Contains(joined, want) {
+			t.Fatalf("replay lacks %s:\n%s", want, joined)
+		}
+	}
+	if got := getRun(t, a, runID); got.Status != agenttool.StatusCompleted || !strings.Contains(got.Summary, "published t") {
+		t.Fatalf("run %+v", got)
+	}
+}
+
+// TestChildApprovalFromDrillIn: the same wait answered (a denial) from the
+// child's own chat through the parent's route.
+func TestChildApprovalFromDrillIn(t *testing.T) {
+	var published atomic.Int64
+	env, _ := startWaiting(t, &published)
+	ctx := testCtx(t)
+	a := getAssistant(t, env, "p2")
+	w := dial(t, env, "assistant/p2")
+	done := make(chan chat.TurnResult, 1)
+	go func() {
+		res, _ := a.SaveMessages(context.Background(), []message.Message{userMsg("research and publish")})
+		done <- res
+	}()
+	var runID string
+	w.waitFrames(ctx, "the run's start", func(fs []agenttool.Frame) bool {
+		for _, f := range fs {
+			if f.Event.Kind == "started" {
+				runID = f.Event.RunID
+				return true
+			}
+		}
+		return false
+	})
+	call := waitingCall(t, ctx, w, runID)
+	child := dial(t, env, "assistant/p2/sub/publisher/"+strings.ReplaceAll(runID, ":", "%3A"))
+	child.send(map[string]any{"type": "cf_agent_tool_approval", "toolCallId": call, "approved": false, "autoContinue": true})
+	res := <-done
+	if res.Outcome != chat.OutcomeCompleted || !strings.Contains(res.Text(), message.ResultDenied) {
+		t.Fatalf("parent turn %+v, want the child's report of the denial", res)
+	}
+	if n := published.Load(); n != 0 {
+		t.Fatalf("a denied call ran %d times", n)
+	}
+	w.waitFrames(ctx, "the run's end", terminated(runID))
+}
