@@ -209,14 +209,29 @@ func (tt *Turn) dispatchCalls(ctx context.Context, calls []pendingCall, tools ma
 
 // runAnswered executes the approved calls of the message's last step that
 // have no result yet, and streams tool-output-denied for the denied ones:
-// the first thing a continuation does after an approval. It reports
-// whether there was anything to do.
+// the first thing a continuation does after an approval. Each call is
+// announced again (tool-input-available) before its result: the
+// continuation's stream may be read from its own beginning — useAgentChat
+// resumes it into a message of its own until the transcript merges it,
+// and an agent-tool parent's timeline shows it — and a result must follow
+// its call there. It reports whether there was anything to do.
 func (tt *Turn) runAnswered(ctx context.Context, tools map[string]Tool) (bool, error) {
 	var run []pendingCall
 	var denied []string
 	for _, p := range lastStep(tt.modelView()) {
 		if !p.IsTool() {
 			continue
+		}
+		answered := p.State == message.StateApprovalResponded || p.State == message.StateOutputDenied
+		if answered {
+			ch := message.ToolInputAvailable(p.ToolCallID, p.ToolName(), callInputOf(p))
+			ch.Title = p.Title
+			if p.IsDynamicTool() {
+				ch.Dynamic = ptrTrue()
+			}
+			if err := tt.Write(ch); err != nil {
+				return false, err
+			}
 		}
 		switch {
 		case p.State == message.StateApprovalResponded && p.Approval != nil && p.Approval.Approved != nil && *p.Approval.Approved:
@@ -525,4 +540,47 @@ func (c *core) notifyNextLocked(prev, id string) {
 		default:
 		}
 	}
+}
+
+func ptrTrue() *bool { t := true; return &t }
+
+// callInputOf is a tool part's input, or {} when it has none.
+func callInputOf(p message.Part) json.RawMessage {
+	if len(p.Input) == 0 || string(p.Input) == "null" {
+		return json.RawMessage(`{}`)
+	}
+	return p.Input
+}
+
+// dropContinuationStandIns removes from a client's transcript the stand-ins
+// of continuations: the tab that resumed a continuation's stream (useAgentChat
+// after an answer) holds it as an assistant message of its own, with an id
+// the server never gave, right after the message the continuation wrote,
+// until the transcript merges them; a request sent meanwhile carries it. The
+// server's message already holds what it streamed.
+func (c *core) dropContinuationStandIns(ctx context.Context, msgs []message.Message) []message.Message {
+	c.mu.Lock()
+	known := make(map[string]bool, len(c.msgs))
+	for _, m := range c.msgs {
+		known[m.ID] = true
+	}
+	c.mu.Unlock()
+	var out []message.Message
+	for i, m := range msgs {
+		if i > 0 && m.Role == message.RoleAssistant && !known[m.ID] && msgs[i-1].Role == message.RoleAssistant && known[msgs[i-1].ID] &&
+			c.continued(ctx, msgs[i-1].ID) {
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// continued reports whether a continuation turn wrote message id.
+func (c *core) continued(ctx context.Context, id string) bool {
+	var n int
+	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM chat_streams WHERE instance_id = ? AND message_id = ? AND continuation = 1`, c.iid, id).Scan(&n)
+	})
+	return err == nil && n > 0
 }

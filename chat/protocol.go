@@ -164,7 +164,8 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 	if dup {
 		return // the client re-sent a request that is already running
 	}
-	_, err := c.accept(ctx, acceptRequest{replace: body.Messages, origin: conn, id: f.ID, body: rawExtra, limited: true})
+	msgs := c.dropContinuationStandIns(ctx, body.Messages)
+	_, err := c.accept(ctx, acceptRequest{replace: msgs, origin: conn, id: f.ID, body: rawExtra, limited: true})
 	switch {
 	case errors.Is(err, ErrTooManyQueued):
 		fail(fmt.Sprintf("too many chat requests are queued on this agent (the limit is %d); send it again when a turn has ended",

@@ -124,6 +124,15 @@ export function useAgentChat(agent, id) {
       case "cf_agent_chat_messages":
         chat.messages = preserve(d.messages, chat.messages);
         break;
+      case "cf_agent_message_updated": {
+        // The hook replaces the message with the same id (else the one
+        // holding one of its tool calls); it never appends.
+        const ids = new Set(d.message.parts.filter((p) => p.toolCallId).map((p) => p.toolCallId));
+        let i = chat.messages.findIndex((m) => m.id === d.message.id);
+        if (i < 0) i = chat.messages.findIndex((m) => m.parts.some((p) => p.toolCallId && ids.has(p.toolCallId)));
+        if (i >= 0) chat.messages = chat.messages.map((m, j) => (j === i ? d.message : m));
+        break;
+      }
       case "cf_agent_use_chat_response": {
         if (!local.has(d.id)) break;
         if (d.body?.trim()) {
@@ -150,9 +159,31 @@ export function useAgentChat(agent, id) {
     }
   });
   wireResume(agent, transport);
+  // startToolContinuation: the hook arms the transport for the server's
+  // continuation and resumes the stream.
+  const continuation = async () => {
+    transport.expectToolContinuation();
+    await chat.resumeStream();
+  };
   return {
     chat,
     transport,
+    // useAgentChat's addToolApprovalResponse: cf_agent_tool_approval to the
+    // server (autoContinue), the AI SDK's local update, the continuation.
+    async addToolApprovalResponse({ id, approved }) {
+      let toolCallId;
+      for (const m of chat.messages) for (const p of m.parts) if (p.approval?.id === id) toolCallId = p.toolCallId;
+      agent.send(JSON.stringify({ type: "cf_agent_tool_approval", toolCallId, approved, autoContinue: true }));
+      await chat.addToolApprovalResponse({ id, approved });
+      await continuation();
+    },
+    // The addToolOutput that useAgentChat's onToolCall gets: cf_agent_tool_result
+    // to the server (autoContinue), the AI SDK's local update, the continuation.
+    async addToolOutput({ toolCallId, tool, output }) {
+      agent.send(JSON.stringify({ type: "cf_agent_tool_result", toolCallId, toolName: tool, output, autoContinue: true }));
+      await chat.addToolOutput({ tool, toolCallId, output });
+      await continuation();
+    },
     // useAgentChat's clearHistory.
     clearHistory() {
       protection = null;

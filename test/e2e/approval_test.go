@@ -1,0 +1,39 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat"
+	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
+	"github.com/agentry/agentry/internal/testenv"
+)
+
+// startDemo serves the agents-as-tools demo with its offline models.
+func startDemo(t *testing.T) *testenv.Env {
+	t.Helper()
+	return testenv.Start(t, testenv.Options{
+		Classes: agentsastools.Classes(agentsastools.Options{Models: agentsastools.Offline(0, nil)}),
+		Setup: func(rt *agent.Runtime) error {
+			chat.Configure(rt, chat.Config{})
+			agenttool.Install(rt, agenttool.Options{})
+			return nil
+		},
+	})
+}
+
+// TestApprovals runs test/npm/approvals.mjs against the demo's Assistant:
+// delete_helper_runs denied (it does not run; the part is output-denied
+// and the model says so) and approved (it runs once; the model reports
+// it), and the client tool get_local_time answered with addToolOutput.
+func TestApprovals(t *testing.T) {
+	env := startDemo(t)
+	out := testenv.Node(t, 90*time.Second, "approvals.mjs", env.Host, "e2e")
+	t.Log(out)
+	if !strings.Contains(out, "PASS approvals all") {
+		t.Fatalf("script did not pass:\n%s", out)
+	}
+}
