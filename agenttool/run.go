@@ -487,7 +487,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 			at := next
 			idleMu.Unlock()
 			// An unstored chunk: it reuses the next position.
-			h.broadcast(row.ParentToolCallID, eventSeq(at, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(w)})
+			h.broadcast(row.ParentToolCallID, eventSeq(at, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(at, w)})
 		}
 		waiting = w
 	}
@@ -499,7 +499,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		}
 		at := next
 		idleMu.Unlock()
-		h.broadcast(row.ParentToolCallID, eventSeq(at, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(waiting)})
+		h.broadcast(row.ParentToolCallID, eventSeq(at, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(at, waiting)})
 	}
 	// Waiting for the child is an await point of the parent: it takes its
 	// other inputs meanwhile (an RPC, another tool call, this run's

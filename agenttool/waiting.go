@@ -97,7 +97,7 @@ func (cr *childRun) stopWaitLocked() {
 // waitingProgress is the transient progress chunk a parent's clients get
 // when a run starts or stops waiting for input (the reducer shows it as
 // the run's progress).
-func waitingProgress(waiting []chat.WaitingCall) string {
+func waitingProgress(at int, waiting []chat.WaitingCall) string {
 	data := map[string]any{"phase": "running", "message": "Input received"}
 	if len(waiting) > 0 {
 		var what []string
@@ -111,7 +111,9 @@ func waitingProgress(waiting []chat.WaitingCall) string {
 		data = map[string]any{"phase": "waiting-for-input", "message": "Waiting for " + strings.Join(what, ", "),
 			"data": map[string]any{"waiting": waiting}}
 	}
-	b, _ := json.Marshal(map[string]any{"type": "data-agent-progress", "id": "agentry-waiting", "transient": true, "data": data})
+	// Each its own id: clients dedupe progress frames by it.
+	id := fmt.Sprintf("agentry-input-%d-%s", at, data["phase"])
+	b, _ := json.Marshal(map[string]any{"type": "data-agent-progress", "id": id, "transient": true, "data": data})
 	return string(b)
 }
 

@@ -236,10 +236,10 @@ func researcherRules() []scripted.Rule {
 			r := scripted.ToolResults(req)
 			return publishRe.MatchString(inputTopic(req, "query")) && len(r) > 0 && r[0].ToolName == "web_search"
 		}, Reply: func(req *model.Request) scripted.Reply {
-			return scripted.Reply{scripted.ToolCall("publish_findings", PublishInput{Title: capitalize(publishRe.Split(inputTopic(req, "query"), 2)[0])})}
+			return scripted.Reply{scripted.ToolCall("publish_findings", PublishInput{Title: capitalize(withoutPublish(inputTopic(req, "query")))})}
 		}},
 		{Name: "summarize", Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
-			q := inputTopic(req, "query")
+			q := withoutPublish(inputTopic(req, "query"))
 			var results []SearchResult
 			published := ""
 			for _, r := range scripted.ToolResults(req) {
@@ -271,6 +271,14 @@ func researcherRules() []scripted.Rule {
 			return scripted.Reply{scripted.ToolCall("web_search", ResearchInput{Query: inputTopic(req, "query")})}
 		}},
 	}
+}
+
+// withoutPublish cuts a request to publish off a research topic.
+func withoutPublish(q string) string {
+	q = publishRe.Split(q, 2)[0]
+	q = strings.TrimSpace(q)
+	q = strings.TrimSuffix(q, " and")
+	return strings.Trim(strings.TrimSpace(q), ",.")
 }
 
 // searchResults returns the results of every web_search call so far.

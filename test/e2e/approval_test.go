@@ -37,3 +37,17 @@ func TestApprovals(t *testing.T) {
 		t.Fatalf("script did not pass:\n%s", out)
 	}
 }
+
+// TestChildApprovals runs test/npm/child-approvals.mjs: the Researcher's
+// publish_findings approval surfaces under its run in the parent's
+// agent-tool events (useAgentToolEvents's reducer: waiting, then
+// completed), answered from the parent's connection and from the drill-in
+// chat.
+func TestChildApprovals(t *testing.T) {
+	env := startDemo(t)
+	out := testenv.Node(t, 90*time.Second, "child-approvals.mjs", env.Host, "e2e")
+	t.Log(out)
+	if !strings.Contains(out, "PASS child-approvals") {
+		t.Fatalf("script did not pass:\n%s", out)
+	}
+}
