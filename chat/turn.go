@@ -347,9 +347,15 @@ func (t *turn) publish(batch []storedChunk) {
 	t.chunks = append(t.chunks, batch...)
 	var targets []*agent.Conn
 	for conn := range c.admitted {
-		if _, waiting := c.pending[conn]; !waiting {
-			targets = append(targets, conn)
+		if _, waiting := c.pending[conn]; waiting {
+			continue
 		}
+		if !t.started && c.awaiting[conn] {
+			// Offered the stream below (startedLocked): its replay has
+			// this batch; sent live too, it would get it twice.
+			continue
+		}
+		targets = append(targets, conn)
 	}
 	for _, sc := range batch {
 		seq := sc.Seq
