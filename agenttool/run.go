@@ -483,6 +483,9 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 			}
 		}
 		if (len(w) > 0) != (len(waiting) > 0) {
+			// Starting or ending a wait for input is progress of the
+			// parent's turn: its recovery budgets see the run alive.
+			credit.offer()
 			idleMu.Lock()
 			at := next
 			idleMu.Unlock()
@@ -493,6 +496,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	}
 	if len(waiting) > 0 {
 		// Waiting already (a re-attach, or a quick child).
+		credit.offer()
 		idleMu.Lock()
 		if idle != nil {
 			idle.Stop()

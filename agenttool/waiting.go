@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/store"
 )
 
 // Runs that wait for input.
@@ -59,6 +60,10 @@ func (h *host) waitRunTurns(ctx context.Context, cb *chat.Base, cr *childRun) (c
 			return res, err
 		}
 		if err := h.recordTurnID(ctx, cr.runID, next); err != nil {
+			return res, err
+		}
+		// The answer is a signal: a no-progress budget counts from it.
+		if err := h.touchSignal(ctx, cr.runID); err != nil {
 			return res, err
 		}
 		h.setRunState(cr, next, nil)
@@ -220,4 +225,33 @@ func (h *host) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, dat
 		conn.SendError("agent_tool_failed", h.rt.ClientMessage(err, "agent", h.b.Path().String(), "run", f.RunID))
 	}
 	return true
+}
+
+// touchSignal records that the run's child just showed a sign of life.
+func (h *host) touchSignal(ctx context.Context, runID string) error {
+	now := h.rt.Clock().Now().UnixMilli()
+	err := h.rt.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET last_signal_at = ? WHERE instance_id = ? AND run_id = ?`, now, h.iid, runID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("agenttool: record signal: %w", err)
+	}
+	return nil
+}
+
+// isWaiting reports whether the run executing in this child waits for
+// input: a no-progress budget does not count that time as silence.
+func (h *host) isWaiting(runID string) bool {
+	h.mu.Lock()
+	cr := h.child[runID]
+	waiting := cr != nil && len(cr.waiting) > 0
+	h.mu.Unlock()
+	if waiting {
+		return true
+	}
+	// Not known yet (the watcher of a restarted child has not read its
+	// turn): the child's transcript tells.
+	cb, ok := chatOf(h.a)
+	return ok && len(cb.WaitingCalls()) > 0
 }

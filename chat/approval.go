@@ -584,3 +584,20 @@ func (c *core) continued(ctx context.Context, id string) bool {
 	})
 	return err == nil && n > 0
 }
+
+// WaitingCalls returns the tool calls the transcript's last assistant
+// message waits for (approvals, client tools' outputs), or nil while a
+// turn runs or is queued or when nothing waits.
+func (b *Base) WaitingCalls() []WaitingCall {
+	c := b.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.active != nil || len(c.queue) > 0 {
+		return nil
+	}
+	last := lastAssistant(c.msgs)
+	if last == nil {
+		return nil
+	}
+	return waitingCalls(*last)
+}
