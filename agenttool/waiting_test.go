@@ -43,6 +43,10 @@ func (p *publisher) Tools() []chat.Tool {
 }
 
 func startWaiting(t *testing.T, published *atomic.Int64) (*testenv.Env, *kit) {
+	return startWaitingIn(t, published, "")
+}
+
+func startWaitingIn(t *testing.T, published *atomic.Int64, dir string) (*testenv.Env, *kit) {
 	k := newKit()
 	k.parentModel = scripted.New(scripted.WithRules(
 		scripted.Rule{Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
@@ -57,6 +61,7 @@ func startWaiting(t *testing.T, published *atomic.Int64) (*testenv.Env, *kit) {
 			{Name: "Publisher", New: func() agent.Agent { return &publisher{published: published} }},
 		},
 		Logger: k.logs.Logger(),
+		Dir:    dir,
 		Setup: func(rt *agent.Runtime) error {
 			chat.Configure(rt, chat.Config{})
 			agenttool.Install(rt, agenttool.Options{})
@@ -202,4 +207,49 @@ func TestChildApprovalFromDrillIn(t *testing.T) {
 		t.Fatalf("a denied call ran %d times", n)
 	}
 	w.waitFrames(ctx, "the run's end", terminated(runID))
+}
+
+// TestChildApprovalAcrossRestart: the runtime stops while a child's run
+// waits for an approval; after the restart the parent's recovered turn
+// re-attaches to the waiting run (it does not time out), the approval given
+// to the new process runs the call once, and the run and the parent's turn
+// complete.
+func TestChildApprovalAcrossRestart(t *testing.T) {
+	var published atomic.Int64
+	dir := t.TempDir()
+	env, _ := startWaitingIn(t, &published, dir)
+	ctx := testCtx(t)
+	a := getAssistant(t, env, "p3")
+	w := dial(t, env, "assistant/p3")
+	go func() {
+		_, _ = a.SaveMessages(context.Background(), []message.Message{userMsg("research and publish")})
+	}()
+	var runID string
+	w.waitFrames(ctx, "the run's start", func(fs []agenttool.Frame) bool {
+		for _, f := range fs {
+			if f.Event.Kind == "started" {
+				runID = f.Event.RunID
+				return true
+			}
+		}
+		return false
+	})
+	call := waitingCall(t, ctx, w, runID)
+	w.close()
+	env.Close()
+
+	env2, _ := startWaitingIn(t, &published, dir)
+	w2 := dial(t, env2, "assistant/p3")
+	a2 := getAssistant(t, env2, "p3")
+	if err := agenttool.AnswerAgentToolApproval(ctx, a2, runID, call, true, ""); err != nil {
+		t.Fatal(err)
+	}
+	w2.waitFrames(ctx, "the run's end", terminated(runID))
+	if got := getRun(t, a2, runID); got.Status != agenttool.StatusCompleted || !strings.Contains(got.Summary, "published t") {
+		t.Fatalf("run %+v", got)
+	}
+	if n := published.Load(); n != 1 {
+		t.Fatalf("published %d times, want 1", n)
+	}
+	w2.waitRaw(ctx, "the parent's answer", func(s string) bool { return strings.Contains(s, `parent got: \"Researching. publish result`) })
 }
