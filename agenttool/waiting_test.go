@@ -253,3 +253,73 @@ func TestChildApprovalAcrossRestart(t *testing.T) {
 	}
 	w2.waitRaw(ctx, "the parent's answer", func(s string) bool { return strings.Contains(s, `parent got: \"Researching. publish result`) })
 }
+
+// clocker is a child that asks its client for the local time.
+type clocker struct{ chat.Base }
+
+func (c *clocker) ChatModel() model.Model {
+	return scripted.New(scripted.WithRules(
+		scripted.Rule{Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.Text("the time is " + string(scripted.ToolResults(req)[0].Output))}
+		}},
+		scripted.Rule{Reply: scripted.Always(scripted.Reply{scripted.ToolCall("get_local_time", map[string]any{})})},
+	))
+}
+
+func (c *clocker) Tools() []chat.Tool {
+	return []chat.Tool{chat.NewClientTool[struct{}]("get_local_time", "The local time.")}
+}
+
+// TestChildClientToolFromParent: a child's client-side tool call waits for
+// input under its run; the parent's client answers it with
+// agent_tool_result, and the run completes with the child's answer.
+func TestChildClientToolFromParent(t *testing.T) {
+	k := newKit()
+	k.parentModel = scripted.New(scripted.WithRules(
+		scripted.Rule{Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.Text("parent got: " + string(scripted.ToolResults(req)[0].Output))}
+		}},
+		scripted.Rule{Reply: scripted.Always(scripted.Reply{scripted.ToolCall("clock", researchInput{Query: "now"})})},
+	))
+	k.parentTools = []chat.Tool{agenttool.AgentTool[researchInput]("Clocker", agenttool.ToolOptions{Name: "clock"})}
+	env := testenv.Start(t, testenv.Options{
+		Classes: []agent.Class{
+			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
+			{Name: "Clocker", New: func() agent.Agent { return &clocker{} }},
+		},
+		Logger: k.logs.Logger(),
+		Setup: func(rt *agent.Runtime) error {
+			chat.Configure(rt, chat.Config{})
+			agenttool.Install(rt, agenttool.Options{})
+			return nil
+		},
+	})
+	ctx := testCtx(t)
+	a := getAssistant(t, env, "c1")
+	w := dial(t, env, "assistant/c1")
+	done := make(chan chat.TurnResult, 1)
+	go func() {
+		res, _ := a.SaveMessages(context.Background(), []message.Message{userMsg("what time is it")})
+		done <- res
+	}()
+	var runID, call string
+	w.waitFrames(ctx, "the client tool's call", func(fs []agenttool.Frame) bool {
+		for _, f := range fs {
+			var ch message.Chunk
+			if f.Event.Kind == "chunk" && json.Unmarshal([]byte(f.Event.Body), &ch) == nil && ch.Type == message.ChunkToolInputAvailable {
+				runID, call = f.Event.RunID, ch.ToolCallID
+			}
+		}
+		return call != ""
+	})
+	w.waitRaw(ctx, "the waiting progress", func(s string) bool { return strings.Contains(s, `Waiting for get_local_time`) })
+	// An approval is not what this call waits for.
+	w.send(map[string]any{"type": "agent_tool_approval", "runId": runID, "toolCallId": call, "approved": true})
+	w.waitRaw(ctx, "the refusal", func(s string) bool { return strings.Contains(s, "tool_call_not_waiting") })
+	w.send(map[string]any{"type": "agent_tool_result", "runId": runID, "toolCallId": call, "output": map[string]any{"time": "10:42"}})
+	res := <-done
+	if res.Outcome != chat.OutcomeCompleted || !strings.Contains(res.Text(), `the time is {\"time\":\"10:42\"}`) {
+		t.Fatalf("parent turn %+v", res)
+	}
+	w.waitFrames(ctx, "the run's end", terminated(runID))
+}
