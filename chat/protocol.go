@@ -165,7 +165,12 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 		return // the client re-sent a request that is already running
 	}
 	msgs := c.dropContinuationStandIns(ctx, body.Messages)
-	_, err := c.accept(ctx, acceptRequest{replace: msgs, origin: conn, id: f.ID, body: rawExtra, limited: true})
+	// A submission whose transcript ends with the assistant message is the
+	// AI SDK's own continuation (sendAutomaticallyWhen after
+	// addToolApprovalResponse or addToolOutput): the turn continues that
+	// message, running what its answers approved.
+	cont := body.Trigger != "regenerate-message" && lastAssistant(msgs) != nil
+	_, err := c.accept(ctx, acceptRequest{replace: msgs, origin: conn, id: f.ID, body: rawExtra, limited: true, continuation: cont})
 	switch {
 	case errors.Is(err, ErrTooManyQueued):
 		fail(fmt.Sprintf("too many chat requests are queued on this agent (the limit is %d); send it again when a turn has ended",

@@ -51,3 +51,17 @@ func TestChildApprovals(t *testing.T) {
 		t.Fatalf("script did not pass:\n%s", out)
 	}
 }
+
+// TestApprovalsSDKAuto runs approvals.mjs's sdk-auto phase: the AI SDK's
+// own continuation (sendAutomaticallyWhen with
+// lastAssistantMessageIsCompleteWithApprovalResponses, a new request with
+// the answered transcript) runs the approved call and continues the
+// message.
+func TestApprovalsSDKAuto(t *testing.T) {
+	env := startDemo(t)
+	out := testenv.Node(t, 90*time.Second, "approvals.mjs", env.Host, "sdk-auto", "sdk-auto")
+	t.Log(out)
+	if !strings.Contains(out, "PASS approvals sdk-auto") {
+		t.Fatalf("script did not pass:\n%s", out)
+	}
+}

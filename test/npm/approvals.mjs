@@ -122,6 +122,27 @@ switch (phase) {
       "tool-delete_helper_runs:output-available", "tool-get_local_time:output-available"]);
     break;
   }
+  case "sdk-auto": {
+    // The AI SDK's own flow, without useAgentChat's frames: the chat sends
+    // the answered transcript again (sendAutomaticallyWhen), and the server
+    // continues the message from it.
+    const { lastAssistantMessageIsCompleteWithApprovalResponses, lastAssistantMessageIsCompleteWithToolCalls } = await import("ai");
+    const auto = useAgentChat(t.agent, "sdk-auto", {
+      sendAutomaticallyWhen: (o) => lastAssistantMessageIsCompleteWithApprovalResponses(o) || lastAssistantMessageIsCompleteWithToolCalls(o),
+    });
+    auto.chat.messages = await stored();
+    await auto.chat.sendMessage({ text: "please delete my helper runs" });
+    const part = toolPart(lastAssistant(auto.chat), "delete_helper_runs");
+    assert.equal(part?.state, "approval-requested");
+    const msgID = lastAssistant(auto.chat).id;
+    await auto.chat.addToolApprovalResponse({ id: part.approval.id, approved: true });
+    await auto.chat.whenMessages((ms) => /I deleted 0 helper runs\./.test(textOf(ms.find((m) => m.id === msgID) ?? { parts: [] })), "the automatic continuation");
+    await auto.chat.whenMessages(() => auto.chat.status === "ready", "its end");
+    const server = (await stored()).find((m) => m.id === msgID);
+    assert.equal(toolPart(server, "delete_helper_runs").state, "output-available");
+    assert.match(textOf(server), /I deleted 0 helper runs\./);
+    break;
+  }
   case "ask-approval":
     await askDelete(t);
     break;

@@ -14,10 +14,14 @@ import WebSocket from "ws";
 
 class SimpleState {
   constructor(messages = []) {
-    this.status = "ready"; this.error = undefined; this._messages = messages; this.listeners = [];
+    this._status = "ready"; this.error = undefined; this._messages = messages; this.listeners = [];
   }
   get messages() { return this._messages; }
-  set messages(m) { this._messages = m; for (const l of this.listeners.splice(0)) if (!l()) this.listeners.push(l); }
+  set messages(m) { this._messages = m; this.notify(); }
+  // A status change is a change the waiters see too.
+  get status() { return this._status; }
+  set status(s) { this._status = s; this.notify(); }
+  notify() { for (const l of this.listeners.splice(0)) if (!l()) this.listeners.push(l); }
   pushMessage(m) { this.messages = [...this.messages, m]; }
   popMessage() { this.messages = this.messages.slice(0, -1); }
   replaceMessage(i, m) { const c = [...this.messages]; c[i] = m; this.messages = c; }
@@ -81,10 +85,10 @@ export function frames(agent, limit = 15000) {
 // returns { chat, transport, clearHistory }. Call it before the tab's first
 // request, so that its listener sees each frame before the transport's, as
 // the hook's does.
-export function useAgentChat(agent, id) {
+export function useAgentChat(agent, id, options = {}) {
   const local = new Set(); // the hook's localRequestIdsRef
   const transport = new WebSocketChatTransport({ agent, activeRequestIds: local });
-  const chat = new NodeChat({ id, transport });
+  const chat = new NodeChat({ id, transport, ...options });
   let protection = null; // { assistantId, anchorMessageId }
   const preserve = (messages, current) => {
     if (!protection) return [...messages];
