@@ -6,11 +6,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/diag"
 	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -322,4 +324,47 @@ func TestChildClientToolFromParent(t *testing.T) {
 		t.Fatalf("parent turn %+v", res)
 	}
 	w.waitFrames(ctx, "the run's end", terminated(runID))
+}
+
+// TestDetachedWaitIsNotSilence: a detached run whose child waits for an
+// approval is not given up by its no-progress budget however long the
+// wait; the approval resumes it, the answer counts as a signal, and the run
+// completes.
+func TestDetachedWaitIsNotSilence(t *testing.T) {
+	k := newDetKit()
+	k.work = func(ctx context.Context, w *detWorker, tt *chat.Turn) error {
+		if tt.Continuation {
+			return tt.WriteText("published after approval")
+		}
+		// A first signal, so that the no-progress budget counts.
+		if err := agenttool.ReportProgress(ctx, agenttool.Progress{Fraction: agenttool.Fraction(0.5), Message: "drafted"}); err != nil {
+			return err
+		}
+		for _, ch := range []message.Chunk{message.StartStep(), message.ToolInputAvailable("call_pub", "publish", json.RawMessage(`{}`)),
+			message.ToolApprovalRequest("ap1", "call_pub"), message.FinishStep()} {
+			if err := tt.Write(ch); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	env := detStart(t, k, "")
+	d := detWatch(t, env)
+	ctx := detCtx(t)
+	p := detParentOf(t, env, "pw")
+	detDispatch(t, ctx, p, "DetWorker", "w1", agenttool.DetachedOptions{OnFinish: "OnDone", NoProgressBudget: 40 * time.Second})
+	d.wait(t, ctx, "the run's wait for input", diag.ChannelAgentTool, "waiting", detAttr("runId", "w1"))
+	for range 4 { // ticks at 5, 20, 50, 170 s: 170 s of waiting
+		detTickNext(t, ctx, k, d, p)
+	}
+	if r := detRun(t, p, "w1"); r.Status != agenttool.StatusRunning {
+		t.Fatalf("a run waiting for input was given up: %s (%s)", r.Status, r.Reason)
+	}
+	if err := agenttool.AnswerAgentToolApproval(ctx, p, "w1", "call_pub", true, ""); err != nil {
+		t.Fatal(err)
+	}
+	call := k.waitCall(t, ctx, "done")
+	if call.Run.RunID != "w1" || call.Result.Status != agenttool.StatusCompleted || !strings.Contains(call.Result.Summary, "published after approval") {
+		t.Fatalf("finish = %+v", call)
+	}
 }
