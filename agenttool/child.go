@@ -67,6 +67,9 @@ type Inspection struct {
 	LastSignalAt *time.Time `json:"lastSignalAt,omitempty"`
 	// Milestones are the run's durable milestones, in order.
 	Milestones []Milestone `json:"milestones,omitempty"`
+	// Waiting lists the calls the run waits for input on (approvals,
+	// client tools' outputs), when it waits.
+	Waiting []chat.WaitingCall `json:"waiting,omitempty"`
 }
 
 // childRun is a run executing in this (child) instance.
@@ -559,6 +562,13 @@ func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, err
 	}
 	if in.Milestones, err = h.milestones(ctx, runID); err != nil {
 		return nil, fmt.Errorf("agenttool: inspect milestones: %w", err)
+	}
+	if in.Status == childRunning {
+		h.mu.Lock()
+		if cr := h.child[runID]; cr != nil {
+			in.Waiting = cr.waiting
+		}
+		h.mu.Unlock()
 	}
 	return &in, nil
 }

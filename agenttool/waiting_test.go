@@ -126,6 +126,10 @@ func TestChildApprovalFromParent(t *testing.T) {
 	if published.Load() != 0 {
 		t.Fatal("the tool ran before its approval")
 	}
+	if insp, err := agenttool.InspectAgentToolRun(ctx, a, runID); err != nil || insp == nil ||
+		len(insp.Waiting) != 1 || insp.Waiting[0].ToolCallID != call || !insp.Waiting[0].Approval {
+		t.Fatalf("inspection while waiting: %+v %v", insp, err)
+	}
 	select {
 	case res := <-done:
 		t.Fatalf("the parent's turn ended while its helper waited: %+v", res)

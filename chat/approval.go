@@ -283,15 +283,15 @@ func lastStep(m message.Message) []message.Part {
 // WaitingCall is a tool call a turn ended waiting for: its approval, or a
 // client tool's output.
 type WaitingCall struct {
-	ToolCallID string
-	ToolName   string
-	Input      json.RawMessage
+	ToolCallID string          `json:"toolCallId"`
+	ToolName   string          `json:"toolName"`
+	Input      json.RawMessage `json:"input,omitempty"`
 	// Approval is true when the call waits for the user's approval
 	// (state approval-requested), false when it waits for its output
 	// (a client tool, state input-available).
-	Approval bool
+	Approval bool `json:"approval"`
 	// ApprovalID is the approval request's id.
-	ApprovalID string
+	ApprovalID string `json:"approvalId,omitempty"`
 }
 
 // waitingCalls returns the calls of m's last step that wait for an answer.
