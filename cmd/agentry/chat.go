@@ -37,6 +37,8 @@ Chat with the Assistant of a running agentry server: every line read from
 standard input is sent as a message. The answer streams as it arrives, and
 each helper run is shown with its progress, phase, milestones and result;
 background runs and the notification turns they cause are shown too.
+The client-side tool get_local_time is answered with this machine's clock;
+a tool call that needs approval is answered with /approve or /deny.
 Ctrl-C cancels the turn in flight; a second Ctrl-C, or end of input, exits.
 `
 
