@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/store"
 )
 
@@ -98,12 +99,21 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 		order := r.DisplayOrder
 		send(0, Event{Kind: "started", RunID: r.RunID, AgentType: r.AgentType, InputPreview: r.InputPreview, Order: &order, Display: r.Display})
 		chunks := stored[r.RunID]
+		var waiting []chat.WaitingCall
 		if r.Status.Active() {
-			chunks = h.liveChunks(ctx, r)
+			chunks, waiting = h.liveChunks(ctx, r)
 			active[r.RunID] = true
 		}
 		for _, c := range compact(chunks) {
 			send(eventSeq(c.seq, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: c.body})
+		}
+		if len(waiting) > 0 {
+			// A run that waits for input says so, as live (waiting.go).
+			at := 0
+			if n := len(chunks); n > 0 {
+				at = chunks[n-1].seq + 1
+			}
+			send(eventSeq(at, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: waitingProgress(at, waiting)})
 		}
 		if !r.Status.Active() && len(r.marks) > 0 {
 			send(terminalSeq(r.marks), terminalEvent(r.Result()))
@@ -151,23 +161,31 @@ func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
 }
 
 // liveChunks reads the chunks of a run in flight from its child, unflushed
-// ones included.
-func (h *host) liveChunks(ctx context.Context, r runRow) []chunk {
+// ones included, and what the run waits for, if it waits.
+func (h *host) liveChunks(ctx context.Context, r runRow) ([]chunk, []chat.WaitingCall) {
+	chunks, ch := h.liveChunksOf(ctx, r)
+	if ch == nil {
+		return chunks, nil
+	}
+	return chunks, ch.waitingOf(r.RunID)
+}
+
+func (h *host) liveChunksOf(ctx context.Context, r runRow) ([]chunk, *host) {
 	child, err := h.rt.Get(ctx, h.b.Path().Child(r.AgentType, r.RunID))
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	ch, err := hostOf(child)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	insp, err := ch.inspectChild(ctx, r.RunID)
 	if err != nil || insp == nil || insp.RequestID == "" {
-		return nil
+		return nil, nil
 	}
 	cb, ok := chatOf(child)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	// The turns its waits for input ended (stored), then the current one
 	// (live chunks included).
@@ -191,7 +209,7 @@ func (h *host) liveChunks(ctx context.Context, r runRow) []chunk {
 		return rows.Err()
 	})
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	after := -1
 	if n := len(out); n > 0 {
@@ -199,12 +217,12 @@ func (h *host) liveChunks(ctx context.Context, r runRow) []chunk {
 	}
 	list, err := cb.StreamChunks(ctx, insp.RequestID, after)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	for _, c := range list {
 		out = append(out, chunk{seq: c.Seq, body: c.Body})
 	}
-	return out
+	return out, ch
 }
 
 // compact drops the progress snapshots a replay does not need: only the

@@ -255,3 +255,13 @@ func (h *host) isWaiting(runID string) bool {
 	cb, ok := chatOf(h.a)
 	return ok && len(cb.WaitingCalls()) > 0
 }
+
+// waitingOf returns what the run executing in this child waits for.
+func (h *host) waitingOf(runID string) []chat.WaitingCall {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cr := h.child[runID]; cr != nil {
+		return cr.waiting
+	}
+	return nil
+}

@@ -247,6 +247,9 @@ func TestChildApprovalAcrossRestart(t *testing.T) {
 	env2, _ := startWaitingIn(t, &published, dir)
 	w2 := dial(t, env2, "assistant/p3")
 	a2 := getAssistant(t, env2, "p3")
+	// The recovered parent re-attaches to the run, which waits again once
+	// the child has recovered its turn (the stop may have cut its end).
+	w2.waitRaw(ctx, "the run waiting again", func(s string) bool { return strings.Contains(s, `waiting-for-input`) })
 	if err := agenttool.AnswerAgentToolApproval(ctx, a2, runID, call, true, ""); err != nil {
 		t.Fatal(err)
 	}

@@ -398,6 +398,14 @@ func outputAnswer(output json.RawMessage, errText string) func(p *message.Part) 
 // one transaction. Every connection gets cf_agent_message_updated before
 // the continuation streams.
 func (c *core) answer(ctx context.Context, origin *agent.Conn, toolCallID string, opts AnswerOptions, apply func(p *message.Part) error) (string, error) {
+	if id := c.endingWith(toolCallID); id != "" {
+		// The turn that asked is still ending (its request reached the
+		// clients before its end was stored): the answer waits for that
+		// end, an await point.
+		if _, err := c.b.WaitTurn(ctx, id); err != nil {
+			return "", fmt.Errorf("chat: wait for the turn that asked: %w", err)
+		}
+	}
 	c.acceptMu.Lock()
 	defer c.acceptMu.Unlock()
 	c.mu.Lock()
@@ -600,4 +608,26 @@ func (b *Base) WaitingCalls() []WaitingCall {
 		return nil
 	}
 	return waitingCalls(*last)
+}
+
+// endingWith returns the id of the running turn when its message has the
+// tool call toolCallID (the turn asked for it and is ending, waiting), or "".
+func (c *core) endingWith(toolCallID string) string {
+	c.mu.Lock()
+	t := c.active
+	c.mu.Unlock()
+	if t == nil {
+		return ""
+	}
+	t.writeMu.Lock()
+	defer t.writeMu.Unlock()
+	if t.builder == nil {
+		return ""
+	}
+	for _, p := range t.builder.Message().Parts {
+		if p.IsTool() && p.ToolCallID == toolCallID {
+			return t.row.ID
+		}
+	}
+	return ""
 }
