@@ -7,7 +7,7 @@
 import { Suspense, useCallback, useEffect, useMemo, useRef, useState, type ReactNode } from "react";
 import { useAgent, useAgentToolEvents } from "agents/react";
 import { useAgentChat } from "@cloudflare/ai-chat/react";
-import { Composer, MessageView, type Answers } from "./chat";
+import { Composer, MessageView, withoutStandIns, type Answers } from "./chat";
 import { Avatar, BackgroundRuns, DRILLABLE, runLabel, StatusBadge, type Run } from "./helpers";
 import { REFUSED, socketProtocol, usePageAddress } from "./instance";
 import { previewInput, type Part } from "./parts";
@@ -270,7 +270,7 @@ function ChatPage({
               {messages.length === 0 ? (
                 <Empty onPick={(t) => sendMessage({ text: t })} />
               ) : (
-                messages.map((m) => (
+                withoutStandIns(messages).map((m) => (
                   <MessageView key={m.id} message={m} runsByToolCall={runsByToolCallId} onDrillIn={openDrill} answers={answers} />
                 ))
               )}
@@ -390,7 +390,7 @@ function ChildChat({ agent }: { agent: MainAgent }) {
         {messages.length === 0 ? (
           <p className="muted center">No messages yet.</p>
         ) : (
-          messages.map((m) => <MessageView key={m.id} message={m} answers={answers} />)
+          withoutStandIns(messages).map((m) => <MessageView key={m.id} message={m} answers={answers} />)
         )}
         {(busy || isServerStreaming) && (
           <div className="typing">

@@ -150,3 +150,21 @@ export function Composer({
     </form>
   );
 }
+
+// withoutStandIns hides the stand-ins of continuations. After an approval
+// or a client tool's output, the server continues the assistant message in
+// a new stream, which the tab that answered renders as a message of its
+// own until the server's transcript holds the merged message; the AI SDK
+// may then keep that copy. A message that directly follows an assistant
+// message and whose parts that one already has is such a copy.
+export function withoutStandIns(messages: UIMessage[]): UIMessage[] {
+  const key = (p: UIMessage["parts"][number]) =>
+    "toolCallId" in p ? `tool:${p.toolCallId}` : p.type === "text" ? `text:${p.text}` : p.type === "step-start" ? "" : `other:${JSON.stringify(p)}`;
+  return messages.filter((m, i) => {
+    const prev = messages[i - 1];
+    if (i === 0 || m.role !== "assistant" || prev.role !== "assistant") return true;
+    const have = new Set(prev.parts.map(key));
+    const own = m.parts.map(key).filter((k) => k !== "");
+    return own.length === 0 || !own.every((k) => have.has(k));
+  });
+}
