@@ -516,18 +516,20 @@ func (b *Base) NextTurn(ctx context.Context, streamID string) (string, error) {
 		}
 		c.mu.Unlock()
 	}()
-	var id string
+	var id, status string
 	err := c.rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
-		id, err = nextStream(ctx, tx, c.iid, streamID)
+		id, status, err = nextStream(ctx, tx, c.iid, streamID)
 		return err
 	})
 	if err != nil {
 		return "", fmt.Errorf("chat: next turn of %s: %w", streamID, err)
 	}
-	if id != "" {
+	if id != "" && (status == statusDone || c.live(id)) {
 		return id, nil
 	}
+	// None yet, or one committed but not queued yet (WaitTurn would not
+	// find it): its acceptance tells.
 	err = agent.Await(ctx, func() error {
 		select {
 		case id = <-ch:
@@ -630,4 +632,19 @@ func (c *core) endingWith(toolCallID string) string {
 		}
 	}
 	return ""
+}
+
+// live reports whether the turn id is queued or running here.
+func (c *core) live(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if (c.current != nil && c.current.row.ID == id) || c.ending[id] {
+		return true
+	}
+	for _, t := range c.queue {
+		if t.row.ID == id {
+			return true
+		}
+	}
+	return c.last != nil && c.last.row.ID == id
 }

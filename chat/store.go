@@ -181,16 +181,15 @@ func insertStream(ctx context.Context, tx store.Tx, iid int64, s streamRow, now 
 
 // nextStream returns the id of the continuation that follows the stream
 // id (the first stream after it that continues the same message), or "".
-func nextStream(ctx context.Context, tx store.Tx, iid int64, id string) (string, error) {
-	var next string
-	err := tx.QueryRow(ctx, `SELECT n.id FROM chat_streams s JOIN chat_streams n
+func nextStream(ctx context.Context, tx store.Tx, iid int64, id string) (next, status string, err error) {
+	err = tx.QueryRow(ctx, `SELECT n.id, n.status FROM chat_streams s JOIN chat_streams n
 		ON n.instance_id = s.instance_id AND n.message_id = s.message_id AND n.continuation = 1
 			AND (n.created_at > s.created_at OR (n.created_at = s.created_at AND n.id > s.id))
-		WHERE s.instance_id = ? AND s.id = ? ORDER BY n.created_at, n.id LIMIT 1`, iid, id).Scan(&next)
+		WHERE s.instance_id = ? AND s.id = ? ORDER BY n.created_at, n.id LIMIT 1`, iid, id).Scan(&next, &status)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", nil
+		return "", "", nil
 	}
-	return next, err
+	return next, status, err
 }
 
 // continueFrom fills in a continuation's row from the latest stream that
