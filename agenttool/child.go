@@ -67,6 +67,9 @@ type Inspection struct {
 	LastSignalAt *time.Time `json:"lastSignalAt,omitempty"`
 	// Milestones are the run's durable milestones, in order.
 	Milestones []Milestone `json:"milestones,omitempty"`
+	// Waiting lists the calls the run waits for input on (approvals,
+	// client tools' outputs), when it waits.
+	Waiting []chat.WaitingCall `json:"waiting,omitempty"`
 }
 
 // childRun is a run executing in this (child) instance.
@@ -84,6 +87,13 @@ type childRun struct {
 	// fuse, when set, lets the turn's end transaction also write the
 	// awaiting parent's terminal row.
 	fuse *parentFuse
+	// The run's wait for input (waiting.go), guarded by host.mu: the calls
+	// its turn ended waiting for, closed and replaced on every change of
+	// waiting or streamID, and closed when the run is canceled while it
+	// waits.
+	waiting []chat.WaitingCall
+	changed chan struct{}
+	abort   chan struct{}
 }
 
 // childEnd is a run's end as recorded in the child's row.
@@ -174,7 +184,8 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	body, _ := json.Marshal(map[string]json.RawMessage{"agentToolInput": orNull(input)})
 	// The run is known under its turn's id before the turn starts, so the
 	// child's first ReportProgress already finds it.
-	cr = &childRun{runID: runID, streamID: newID(), done: make(chan struct{}), fuse: opt.fuse}
+	cr = &childRun{runID: runID, streamID: newID(), done: make(chan struct{}), fuse: opt.fuse,
+		changed: make(chan struct{}), abort: make(chan struct{})}
 	h.mu.Lock()
 	if other, ok := h.child[runID]; ok {
 		h.mu.Unlock()
@@ -229,6 +240,9 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 	}
 	return &chat.EndHook{
 		Write: func(ctx context.Context, tx store.Tx, res chat.TurnResult, next int) error {
+			if len(res.Waiting) > 0 {
+				return nil // the run waits for input; a continuation goes on with it
+			}
 			h.mu.Lock()
 			reason := cr.reason
 			h.mu.Unlock()
@@ -376,7 +390,7 @@ func (h *host) track(runID, streamID string, finished bool) *childRun {
 		h.mu.Unlock()
 		return cr
 	}
-	cr := &childRun{runID: runID, streamID: streamID, done: make(chan struct{})}
+	cr := &childRun{runID: runID, streamID: streamID, done: make(chan struct{}), changed: make(chan struct{}), abort: make(chan struct{})}
 	if finished {
 		h.mu.Unlock()
 		close(cr.done)
@@ -405,7 +419,7 @@ func (h *host) watch(ctx context.Context, cr *childRun) {
 		return
 	}
 	cb, _ := chatOf(h.a)
-	res, err := cb.WaitTurn(ctx, cr.streamID)
+	res, err := h.waitRunTurns(ctx, cb, cr)
 	if ctx.Err() != nil {
 		return // shutting down: the run resumes with the process
 	}
@@ -565,6 +579,13 @@ func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, err
 		t := time.UnixMilli(signal.Int64)
 		in.LastSignalAt = &t
 	}
+	if in.Status == childRunning {
+		h.mu.Lock()
+		if cr := h.child[runID]; cr != nil {
+			in.Waiting = cr.waiting
+		}
+		h.mu.Unlock()
+	}
 	return &in, nil
 }
 
@@ -575,6 +596,7 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 	cr, ok := h.child[runID]
 	if ok {
 		cr.reason = reason
+		cr.stopWaitLocked()
 	}
 	h.mu.Unlock()
 	if cb, has := chatOf(h.a); ok && has {

@@ -389,7 +389,8 @@ func (h *host) reconcileRun(ctx context.Context, row runRow) {
 			h.giveUp(ctx, row, ch, ReasonBudgetExceeded)
 			return
 		}
-		if row.det.NoProgressBudget > 0 {
+		if row.det.NoProgressBudget > 0 && !ch.isWaiting(row.RunID) {
+			// A run that waits for input is waiting, not silent.
 			if last := ch.lastSignal(ctx, row.RunID); last != nil && now.Sub(*last) >= row.det.NoProgressBudget {
 				h.giveUp(ctx, row, ch, ReasonNoProgress)
 				return

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/store"
 )
 
@@ -100,12 +101,21 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 		order := r.DisplayOrder
 		send(0, Event{Kind: "started", RunID: r.RunID, AgentType: r.AgentType, InputPreview: r.InputPreview, Order: &order, Display: r.Display})
 		chunks := stored[r.RunID]
+		var waiting []chat.WaitingCall
 		if r.Status.Active() {
-			chunks = h.liveChunks(ctx, r)
+			chunks, waiting = h.liveChunks(ctx, r)
 			active[r.RunID] = true
 		}
 		for _, c := range compact(chunks) {
 			send(eventSeq(c.seq, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: c.body})
+		}
+		if len(waiting) > 0 {
+			// A run that waits for input says so, as live (waiting.go).
+			at := 0
+			if n := len(chunks); n > 0 {
+				at = chunks[n-1].seq + 1
+			}
+			send(eventSeq(at, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: waitingProgress(at, waiting)})
 		}
 		if !r.Status.Active() && len(r.marks) > 0 {
 			send(terminalSeq(r.marks), terminalEvent(r.Result()))
@@ -124,10 +134,15 @@ type chunk struct {
 func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
 	out := map[string][]chunk{}
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		// A run's stream is its turn's, and those of the continuations
+		// that its waits for input led to (they write the same message and
+		// continue its sequence).
 		rows, err := tx.Query(ctx, `SELECT c.run_id, ch.seq, ch.body
 			FROM instances i
 			JOIN agent_tool_child_runs c ON c.instance_id = i.id AND i.name = c.run_id
-			JOIN chat_chunks ch ON ch.instance_id = c.instance_id AND ch.stream_id = c.request_id
+			JOIN chat_streams s0 ON s0.instance_id = c.instance_id AND s0.id = c.request_id
+			JOIN chat_streams s ON s.instance_id = c.instance_id AND s.message_id = s0.message_id AND s.retain = 1
+			JOIN chat_chunks ch ON ch.instance_id = c.instance_id AND ch.stream_id = s.id
 			WHERE i.parent_id = ?`, h.iid)
 		if err != nil {
 			return err
@@ -157,33 +172,68 @@ func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
 func byChunkSeq(a, b chunk) int { return cmp.Compare(a.seq, b.seq) }
 
 // liveChunks reads the chunks of a run in flight from its child, unflushed
-// ones included.
-func (h *host) liveChunks(ctx context.Context, r runRow) []chunk {
+// ones included, and what the run waits for, if it waits.
+func (h *host) liveChunks(ctx context.Context, r runRow) ([]chunk, []chat.WaitingCall) {
+	chunks, ch := h.liveChunksOf(ctx, r)
+	if ch == nil {
+		return chunks, nil
+	}
+	return chunks, ch.waitingOf(r.RunID)
+}
+
+func (h *host) liveChunksOf(ctx context.Context, r runRow) ([]chunk, *host) {
 	child, err := h.rt.Get(ctx, h.b.Path().Child(r.AgentType, r.RunID))
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	ch, err := hostOf(child)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	insp, err := ch.inspectChild(ctx, r.RunID)
 	if err != nil || insp == nil || insp.RequestID == "" {
-		return nil
+		return nil, nil
 	}
 	cb, ok := chatOf(child)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	list, err := cb.StreamChunks(ctx, insp.RequestID, -1)
+	// The turns its waits for input ended (stored), then the current one
+	// (live chunks included).
+	var out []chunk
+	err = h.rt.DB().View(ctx, func(tx store.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT ch.seq, ch.body FROM chat_streams s0
+			JOIN chat_streams s ON s.instance_id = s0.instance_id AND s.message_id = s0.message_id AND s.retain = 1 AND s.id <> s0.id
+			JOIN chat_chunks ch ON ch.instance_id = s.instance_id AND ch.stream_id = s.id
+			WHERE s0.instance_id = ? AND s0.id = ? ORDER BY ch.seq`, ch.iid, insp.RequestID)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c chunk
+			if err := rows.Scan(&c.seq, &c.body); err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return rows.Err()
+	})
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	out := make([]chunk, len(list))
-	for i, c := range list {
-		out[i] = chunk{seq: c.Seq, body: c.Body}
+	after := -1
+	if n := len(out); n > 0 {
+		after = out[n-1].seq
 	}
-	return out
+	list, err := cb.StreamChunks(ctx, insp.RequestID, after)
+	if err != nil {
+		return nil, nil
+	}
+	for _, c := range list {
+		out = append(out, chunk{seq: c.Seq, body: c.Body})
+	}
+	return out, ch
 }
 
 // compact drops the progress snapshots a replay does not need: only the

@@ -446,18 +446,24 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	usage := newUsageWatch(row.TokenBudget)
 	stopUsage := usage.relay(ctx, row.RunID)
 	defer stopUsage()
-	stop, err := cb.FollowStream(context.WithoutCancel(runCtx), cr.streamID, after, func(seq int, body string) {
+	ch, _ := hostOf(child)
+	// The run's turn, and what it waits for (waiting.go): a run that
+	// waits for input goes on with a continuation turn, whose stream
+	// continues the run's sequence.
+	streamID, waiting, changed := ch.runState(cr)
+	forward := func(seq int, body string) {
 		credit.offer()
 		usage.offer(body)
 		idleMu.Lock()
 		if idle != nil {
 			idle.Reset(lim.noProgress)
 		}
-		idleMu.Unlock()
 		next = seq + 1
+		idleMu.Unlock()
 		h.broadcast(row.ParentToolCallID, eventSeq(seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: body})
 		signals.offer(body)
-	})
+	}
+	stop, err := cb.FollowStream(context.WithoutCancel(runCtx), streamID, after, forward)
 	if err != nil {
 		if h.rt.Context().Err() != nil {
 			return Result{}, agent.ErrClosed // the run resumes with the process
@@ -471,48 +477,100 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		defer idle.Stop()
 		idleC = idle.Chan()
 	}
-	ch, _ := hostOf(child)
 	var gaveUp Reason
+	// onChange follows the run to its next turn and tells the clients
+	// when it starts or stops waiting for input; waiting stops the
+	// no-progress timer.
+	onChange := func() {
+		s, w, c := ch.runState(cr)
+		changed = c
+		idleMu.Lock()
+		from := next - 1
+		if idle != nil {
+			if len(w) > 0 {
+				idle.Stop()
+			} else {
+				idle.Reset(lim.noProgress)
+			}
+		}
+		idleMu.Unlock()
+		if s != streamID {
+			stop()
+			streamID = s
+			var ferr error
+			if stop, ferr = cb.FollowStream(context.WithoutCancel(runCtx), s, from, forward); ferr != nil {
+				h.b.Logger().Error("agenttool: follow the run's next turn", "run", row.RunID, "err", ferr)
+				stop = func() {}
+			}
+		}
+		if (len(w) > 0) != (len(waiting) > 0) {
+			// Starting or ending a wait for input is progress of the
+			// parent's turn: its recovery budgets see the run alive.
+			credit.offer()
+			idleMu.Lock()
+			at := next
+			idleMu.Unlock()
+			// An unstored chunk: it reuses the next position.
+			h.broadcast(row.ParentToolCallID, eventSeq(at, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(at, w)})
+		}
+		waiting = w
+	}
+	if len(waiting) > 0 {
+		// Waiting already (a re-attach, or a quick child).
+		credit.offer()
+		idleMu.Lock()
+		if idle != nil {
+			idle.Stop()
+		}
+		at := next
+		idleMu.Unlock()
+		h.broadcast(row.ParentToolCallID, eventSeq(at, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(at, waiting)})
+	}
 	// Waiting for the child is an await point of the parent: it takes its
 	// other inputs meanwhile (an RPC, another tool call, this run's
 	// progress deliveries).
 	_ = agent.Await(ctx, func() error {
-		select {
-		case <-cr.done:
-		case <-h.rt.Context().Done():
-		case <-idleC:
-			gaveUp = ReasonNoProgress
-		case <-usage.over:
-			gaveUp = ReasonBudgetExceeded
-			if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run stopped by the parent: budget-exceeded"); err != nil {
-				h.b.Logger().Error("agenttool: tear down child", "run", row.RunID, "err", err)
-			}
+		for {
 			select {
+			case <-changed:
+				onChange()
+				continue
 			case <-cr.done:
 			case <-h.rt.Context().Done():
+			case <-idleC:
+				gaveUp = ReasonNoProgress
+			case <-usage.over:
+				gaveUp = ReasonBudgetExceeded
+				if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run stopped by the parent: budget-exceeded"); err != nil {
+					h.b.Logger().Error("agenttool: tear down child", "run", row.RunID, "err", err)
+				}
+				select {
+				case <-cr.done:
+				case <-h.rt.Context().Done():
+				}
+			case <-windowC:
+				gaveUp = ReasonWindowExceeded
+				if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run given up by parent recovery: window-exceeded"); err != nil {
+					h.b.Logger().Error("agenttool: tear down child", "run", row.RunID, "err", err)
+				}
+				select {
+				case <-cr.done:
+				case <-h.rt.Context().Done():
+				}
+			case <-runCtx.Done():
+				reason := causeText(runCtx)
+				if h.rt.Context().Err() != nil {
+					// Shutting down, not canceled: the run resumes with the process.
+				} else if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, reason); err != nil {
+					h.b.Logger().Error("agenttool: cancel child", "run", row.RunID, "err", err)
+				}
+				select {
+				case <-cr.done:
+				case <-h.rt.Context().Done():
+				}
 			}
-		case <-windowC:
-			gaveUp = ReasonWindowExceeded
-			if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, "agent tool run given up by parent recovery: window-exceeded"); err != nil {
-				h.b.Logger().Error("agenttool: tear down child", "run", row.RunID, "err", err)
-			}
-			select {
-			case <-cr.done:
-			case <-h.rt.Context().Done():
-			}
-		case <-runCtx.Done():
-			reason := causeText(runCtx)
-			if h.rt.Context().Err() != nil {
-				// Shutting down, not canceled: the run resumes with the process.
-			} else if err := ch.cancelChildRun(context.WithoutCancel(ctx), row.RunID, reason); err != nil {
-				h.b.Logger().Error("agenttool: cancel child", "run", row.RunID, "err", err)
-			}
-			select {
-			case <-cr.done:
-			case <-h.rt.Context().Done():
-			}
+			return nil
 		}
-		return nil
 	})
 	if ch.disarm(cr) {
 		// The child's end claimed the fuse before the parent stopped
@@ -575,7 +633,7 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		// The end was recorded after the turn's last chunks reached the
 		// follower, which was attached until then and had the whole
 		// stream.
-	} else if chunks, err := cb.StreamChunks(bg, cr.streamID, next-1); err == nil && len(chunks) > 0 {
+	} else if chunks, err := cb.StreamChunks(bg, streamID, next-1); err == nil && len(chunks) > 0 {
 		for _, c := range chunks {
 			h.current().broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
 			usage.offer(c.Body)

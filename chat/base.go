@@ -67,6 +67,7 @@ type core struct {
 	waiters    map[string][]chan TurnResult
 	follow     map[string]map[*follower]struct{} // stream id → live followers
 	ending     map[string]bool                   // canceled queued turns whose end is being recorded
+	next       map[string][]chan string          // NextTurn waiters by the stream they wait after
 	release    func()                            // KeepAlive of the worker
 
 	// accepts counts accepted turns. A turn's end that cleared the wake
@@ -91,6 +92,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		waiters: map[string][]chan TurnResult{},
 		follow:  map[string]map[*follower]struct{}{},
 		ending:  map[string]bool{},
+		next:    map[string][]chan string{},
 	}
 	b.c = c
 	if b.Created() {
@@ -300,6 +302,9 @@ func (c *core) storedResult(ctx context.Context, id string) (TurnResult, error) 
 		}
 	}
 	c.mu.Unlock()
+	if r.Outcome == OutcomeCompleted {
+		r.Waiting = waitingCalls(r.Message)
+	}
 	return r, nil
 }
 
@@ -337,7 +342,8 @@ type acceptRequest struct {
 	retain       bool
 	tx           func(ctx context.Context, tx store.Tx, id string) error
 	end          *EndHook
-	limited      bool // a client's request: refused beyond Config.MaxQueuedRequests
+	limited      bool   // a client's request: refused beyond Config.MaxQueuedRequests
+	committed    func() // runs after the commit, before the turn is queued
 }
 
 // SubmittedTurn returns the id of the turn submitted with idempotency key,
@@ -363,6 +369,11 @@ func (b *Base) SubmittedTurn(ctx context.Context, key string) (string, bool, err
 func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	c.acceptMu.Lock()
 	defer c.acceptMu.Unlock()
+	return c.acceptLocked(ctx, req)
+}
+
+// acceptLocked is accept with c.acceptMu held.
+func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, error) {
 	if req.id == "" {
 		req.id = newID()
 	}
@@ -432,6 +443,15 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 			ON CONFLICT (instance_id, reason) DO NOTHING`, c.iid, wakeReason); err != nil {
 			return err
 		}
+		if req.continuation {
+			// A continuation goes on from the turn that wrote its message:
+			// its request body (client tools) unless it brings its own,
+			// and, for a retained stream (an agent-tool run's), its
+			// numbering, so that the run's timeline is one sequence.
+			if err := continueFrom(ctx, tx, c.iid, &row); err != nil {
+				return err
+			}
+		}
 		if err := insertStream(ctx, tx, c.iid, row, now); err != nil {
 			return err
 		}
@@ -445,6 +465,9 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	}
 	if existing != "" {
 		return existing, nil
+	}
+	if req.committed != nil {
+		req.committed()
 	}
 	c.mu.Lock()
 	if c.gen != gen {
@@ -461,6 +484,9 @@ func (c *core) accept(ctx context.Context, req acceptRequest) (string, error) {
 	t.end = req.end
 	c.queue = append(c.queue, t)
 	c.accepts++
+	if row.prev != "" {
+		c.notifyNextLocked(row.prev, row.ID)
+	}
 	c.mu.Unlock()
 	// The other connections see the new message before the turn that
 	// answers it starts streaming.

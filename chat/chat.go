@@ -241,6 +241,10 @@ type TurnResult struct {
 	// TreeUsage is Usage plus the usage of the agent-tool runs the turn
 	// awaited, each with its own children: the whole delegation tree.
 	TreeUsage Usage
+	// Waiting lists the tool calls a completed turn ended waiting for:
+	// approvals and client tools' outputs. Their answers continue the
+	// message in a continuation turn (see AddToolApprovalResponse).
+	Waiting []WaitingCall
 }
 
 // Text returns the concatenated text parts of the turn's message.

@@ -57,18 +57,21 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 	if o.MaxSteps <= 0 {
 		o.MaxSteps = 10
 	}
-	tools := make(map[string]Tool, len(o.Tools))
-	specs := make([]model.ToolSpec, 0, len(o.Tools))
-	for _, tl := range o.Tools {
-		tools[tl.Name] = tl
-		specs = append(specs, tl.Spec())
+	tools, specs, err := loopTools(o.Tools, tt.Body)
+	if err != nil {
+		return err
 	}
 	done := countSteps(tt.modelView())
 	finish := model.FinishStop
-	if pending := pendingCalls(tt.modelView(), tools); tt.Recovering && len(pending) > 0 {
+	// A continuation first runs the calls its answers approved (approval.go).
+	if _, err := tt.runAnswered(ctx, tools); err != nil {
+		return err
+	}
+	if tt.Recovering && tt.t.inStep() {
 		// Recovered in the middle of executing a step's tool calls: run the
-		// ones without a result, then go on with the next step.
-		if err := tt.executeCalls(ctx, pending, tools); err != nil {
+		// ones without a result (asking for approval again where it is
+		// needed), then go on with the next step.
+		if _, err := tt.dispatchCalls(ctx, pendingCalls(tt.modelView(), tools), tools); err != nil {
 			return err
 		}
 		if err := tt.t.markTools(ctx, false); err != nil {
@@ -77,6 +80,11 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 		if err := tt.Write(message.FinishStep()); err != nil {
 			return err
 		}
+	}
+	if len(waitingCalls(tt.modelView())) > 0 {
+		// The message waits for answers (a recovered turn that had asked):
+		// the turn ends waiting; the answers continue it.
+		return tt.Write(message.Finish(model.FinishToolCalls))
 	}
 	for step := done; step < o.MaxSteps; step++ {
 		sys, conv := message.ToModel(append(append([]message.Message(nil), tt.Messages...), tt.modelView()))
@@ -109,11 +117,14 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 		if err := tt.t.writeUsage(); err != nil {
 			return err
 		}
+		waiting := false
 		if len(calls) > 0 {
 			if err := tt.t.markTools(ctx, true); err != nil {
 				return err
 			}
-			if err := tt.executeCalls(ctx, calls, tools); err != nil {
+			// Calls that wait for an answer (approval, a client tool) are
+			// not executed; the others are.
+			if waiting, err = tt.dispatchCalls(ctx, calls, tools); err != nil {
 				return err
 			}
 			if err := tt.t.markTools(ctx, false); err != nil {
@@ -123,7 +134,7 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 		if err := tt.Write(message.FinishStep()); err != nil {
 			return err
 		}
-		if len(calls) == 0 {
+		if len(calls) == 0 || waiting {
 			break
 		}
 	}
@@ -348,8 +359,8 @@ func pendingCalls(m message.Message, tools map[string]Tool) []pendingCall {
 		if !p.IsTool() || !awaitsResult(p) {
 			continue
 		}
-		if _, known := tools[p.ToolName()]; !known {
-			continue
+		if tl, known := tools[p.ToolName()]; !known || tl.client {
+			continue // a client tool's call waits for the client
 		}
 		out = append(out, pendingCall{id: p.ToolCallID, name: p.ToolName(), input: p.Input, valid: true})
 	}

@@ -164,7 +164,13 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 	if dup {
 		return // the client re-sent a request that is already running
 	}
-	_, err := c.accept(ctx, acceptRequest{replace: body.Messages, origin: conn, id: f.ID, body: rawExtra, limited: true})
+	msgs := c.dropContinuationStandIns(ctx, body.Messages)
+	// A submission whose transcript ends with the assistant message is the
+	// AI SDK's own continuation (sendAutomaticallyWhen after
+	// addToolApprovalResponse or addToolOutput): the turn continues that
+	// message, running what its answers approved.
+	cont := body.Trigger != "regenerate-message" && lastAssistant(msgs) != nil
+	_, err := c.accept(ctx, acceptRequest{replace: msgs, origin: conn, id: f.ID, body: rawExtra, limited: true, continuation: cont})
 	switch {
 	case errors.Is(err, ErrTooManyQueued):
 		fail(fmt.Sprintf("too many chat requests are queued on this agent (the limit is %d); send it again when a turn has ended",
@@ -310,115 +316,60 @@ func (c *core) replaceTranscript(ctx context.Context, msgs []message.Message, fr
 	return nil
 }
 
-// updateToolPart applies fn to the tool part toolCallId of the stored
-// transcript, persists the message and broadcasts cf_agent_message_updated.
-func (c *core) updateToolPart(ctx context.Context, toolCallID string, fn func(p *message.Part)) bool {
-	c.acceptMu.Lock()
-	defer c.acceptMu.Unlock()
-	c.mu.Lock()
-	pos, idx := -1, -1
-	for i := len(c.msgs) - 1; i >= 0 && pos < 0; i-- {
-		for j, p := range c.msgs[i].Parts {
-			if p.ToolCallID == toolCallID && p.IsTool() {
-				pos, idx = i, j
-				break
-			}
-		}
-	}
-	if pos < 0 {
-		c.mu.Unlock()
-		return false
-	}
-	m := c.msgs[pos].Clone()
-	fn(&m.Parts[idx])
-	c.mu.Unlock()
-	if err := c.b.DB().Update(ctx, func(tx store.Tx) error { return putMessage(ctx, tx, c.iid, pos, m) }); err != nil {
-		c.log.Error("chat: persist tool result", "err", err)
-		return false
-	}
-	c.mu.Lock()
-	if pos < len(c.msgs) && c.msgs[pos].ID == m.ID {
-		c.msgs[pos] = m
-	}
-	c.mu.Unlock()
-	c.b.Broadcast(struct {
-		Type    string          `json:"type"`
-		Message message.Message `json:"message"`
-	}{frameMsgUpdated, m})
-	return true
-}
-
-// onToolResult applies a client tool's result and, with autoContinue, runs a
-// continuation turn.
+// onToolResult applies a client tool's result (cf_agent_tool_result) and,
+// with autoContinue, runs a continuation turn once the step is answered.
 func (c *core) onToolResult(ctx context.Context, conn *agent.Conn, data []byte) {
 	var f struct {
-		ToolCallID   string          `json:"toolCallId"`
-		Output       json.RawMessage `json:"output"`
-		State        string          `json:"state"`
-		ErrorText    string          `json:"errorText"`
-		AutoContinue bool            `json:"autoContinue"`
+		ToolCallID   string             `json:"toolCallId"`
+		Output       json.RawMessage    `json:"output"`
+		State        string             `json:"state"`
+		ErrorText    string             `json:"errorText"`
+		AutoContinue bool               `json:"autoContinue"`
+		ClientTools  []ClientToolSchema `json:"clientTools"`
 	}
 	if err := json.Unmarshal(data, &f); err != nil || f.ToolCallID == "" {
 		conn.SendError("bad_chat_frame", "tool result needs a toolCallId")
 		return
 	}
-	ok := c.updateToolPart(ctx, f.ToolCallID, func(p *message.Part) {
-		if f.State == message.StateOutputError {
-			p.State, p.ErrorText = message.StateOutputError, f.ErrorText
-		} else {
-			p.State, p.Output = message.StateOutputAvailable, f.Output
+	errText := ""
+	if f.State == message.StateOutputError {
+		errText = f.ErrorText
+		if errText == "" {
+			errText = "tool failed"
 		}
-	})
-	if !ok {
-		conn.SendError("unknown_tool_call", "no tool call "+f.ToolCallID)
-		return
 	}
-	if f.AutoContinue {
-		c.continueTurn(ctx, conn)
-	}
+	_, err := c.answer(ctx, nil, f.ToolCallID, AnswerOptions{AutoContinue: f.AutoContinue, ClientTools: f.ClientTools},
+		outputAnswer(f.Output, errText))
+	c.answerFailed(conn, f.ToolCallID, err)
 }
 
-// onToolApproval applies a user's approval decision and, with autoContinue,
-// runs a continuation turn.
+// onToolApproval applies a user's approval decision (cf_agent_tool_approval)
+// and, with autoContinue, runs a continuation turn once the step is
+// answered.
 func (c *core) onToolApproval(ctx context.Context, conn *agent.Conn, data []byte) {
 	var f struct {
 		ToolCallID   string `json:"toolCallId"`
 		Approved     bool   `json:"approved"`
+		Reason       string `json:"reason"`
 		AutoContinue bool   `json:"autoContinue"`
 	}
 	if err := json.Unmarshal(data, &f); err != nil || f.ToolCallID == "" {
 		conn.SendError("bad_chat_frame", "tool approval needs a toolCallId")
 		return
 	}
-	ok := c.updateToolPart(ctx, f.ToolCallID, func(p *message.Part) {
-		if p.Approval == nil {
-			p.Approval = &message.Approval{}
-		}
-		approved := f.Approved
-		p.Approval.Approved = &approved
-		if f.Approved {
-			p.State = message.StateApprovalResponded
-		} else {
-			p.State = message.StateOutputDenied
-		}
-	})
-	if !ok {
-		conn.SendError("unknown_tool_call", "no tool call "+f.ToolCallID)
-		return
-	}
-	if f.AutoContinue {
-		c.continueTurn(ctx, conn)
-	}
+	_, err := c.b.AddToolApprovalResponse(ctx, f.ToolCallID, f.Approved, f.Reason, AnswerOptions{AutoContinue: f.AutoContinue})
+	c.answerFailed(conn, f.ToolCallID, err)
 }
 
-func (c *core) continueTurn(ctx context.Context, conn *agent.Conn) {
-	c.mu.Lock()
-	msgs := append([]message.Message(nil), c.msgs...)
-	c.mu.Unlock()
-	if lastAssistant(msgs) == nil {
-		return
-	}
-	if _, err := c.accept(ctx, acceptRequest{replace: msgs, continuation: true}); err != nil {
-		c.log.Error("chat: continuation", "err", err)
+// answerFailed tells a connection why its tool answer was refused.
+func (c *core) answerFailed(conn *agent.Conn, toolCallID string, err error) {
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrUnknownToolCall):
+		conn.SendError("unknown_tool_call", "no tool call "+toolCallID+" in the last assistant message")
+	case errors.Is(err, ErrNotWaiting), errors.Is(err, ErrTurnRunning):
+		conn.SendError("tool_call_not_waiting", err.Error())
+	default:
+		conn.SendError("chat_failed", c.rt.ClientMessage(err, "agent", c.b.Path().String(), "in", "tool answer"))
 	}
 }

@@ -111,6 +111,9 @@ type streamRow struct {
 	Retain       bool
 	ToolsFrom    int    // -1 when no step is executing tools
 	TraceParent  string // the submitter's span (agent.TraceParent), if any
+	// prev is the stream a continuation goes on from (set when it is
+	// accepted; not stored).
+	prev string
 }
 
 func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Message, error) {
@@ -178,9 +181,45 @@ func insertStream(ctx context.Context, tx store.Tx, iid int64, s streamRow, now 
 	if s.Continuation {
 		cont = 1
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at, retain, trace_parent)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now, boolInt(s.Retain), nullStr(s.TraceParent))
+	_, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, message_ids, continuation, body, created_at, retain, trace_parent, next_seq)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, iid, s.ID, s.MessageID, s.Status, string(ids), cont, nullRaw(s.Body), now, boolInt(s.Retain), nullStr(s.TraceParent), s.NextSeq)
 	return err
+}
+
+// nextStream returns the id of the continuation that follows the stream
+// id (the first stream after it that continues the same message), or "".
+func nextStream(ctx context.Context, tx store.Tx, iid int64, id string) (next, status string, err error) {
+	err = tx.QueryRow(ctx, `SELECT n.id, n.status FROM chat_streams s JOIN chat_streams n
+		ON n.instance_id = s.instance_id AND n.message_id = s.message_id AND n.continuation = 1
+			AND (n.created_at > s.created_at OR (n.created_at = s.created_at AND n.id > s.id))
+		WHERE s.instance_id = ? AND s.id = ? ORDER BY n.created_at, n.id LIMIT 1`, iid, id).Scan(&next, &status)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", "", nil
+	}
+	return next, status, err
+}
+
+// continueFrom fills in a continuation's row from the latest stream that
+// wrote the same message: its body when the row has none, and for a
+// retained stream its retention and next sequence.
+func continueFrom(ctx context.Context, tx store.Tx, iid int64, s *streamRow) error {
+	var body sql.NullString
+	var retain, next int
+	err := tx.QueryRow(ctx, `SELECT id, body, retain, next_seq FROM chat_streams WHERE instance_id = ? AND message_id = ?
+		ORDER BY created_at DESC, id DESC LIMIT 1`, iid, s.MessageID).Scan(&s.prev, &body, &retain, &next)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if body.Valid {
+		s.Body = mergeBody(json.RawMessage(body.String), s.Body)
+	}
+	if retain != 0 {
+		s.Retain, s.NextSeq = true, next
+	}
+	return nil
 }
 
 func nullRaw(b json.RawMessage) any {
@@ -346,4 +385,24 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// mergeBody returns the request body base with the members of over put
+// over its own.
+func mergeBody(base, over json.RawMessage) json.RawMessage {
+	if len(over) == 0 {
+		return base
+	}
+	var b, o map[string]json.RawMessage
+	if json.Unmarshal(base, &b) != nil || json.Unmarshal(over, &o) != nil {
+		return over
+	}
+	for k, v := range o {
+		b[k] = v
+	}
+	out, err := json.Marshal(b)
+	if err != nil {
+		return over
+	}
+	return out
 }

@@ -23,11 +23,19 @@ type Tool struct {
 	Description string
 	// Title is an optional display name sent with the tool's chunks.
 	Title string
+	// NeedsApproval, when set, decides for each call whether the user must
+	// approve it before it runs (the AI SDK's needsApproval): RequireApproval
+	// for every call, ApprovalIf for a function of the input. A call that
+	// needs approval is not executed: the turn streams a
+	// tool-approval-request and ends waiting for the answer (see
+	// Base.AddToolApprovalResponse).
+	NeedsApproval ApprovalFunc
 
 	schema   *jsonschema.Schema
 	resolved *jsonschema.Resolved
 	exec     func(ctx context.Context, input json.RawMessage) (any, error)
 	checks   []func(rt *agent.Runtime) error
+	client   bool // a client-side tool: schema only, answered by the client
 }
 
 // WithCheck returns a copy of the tool with a set-up check: the runtime's

@@ -60,6 +60,7 @@ type turn struct {
 	hidden   int  // leading parts a retried turn's model does not see
 	kept     int  // stored chunks a recovery found (and kept)
 	finished bool // a finish chunk was written
+	stepOpen bool // a step is started and not finished (guarded by writeMu)
 	errText  string
 
 	usage turnUsage // token accounting (usage.go)
@@ -192,6 +193,12 @@ func (t *turn) write(ch message.Chunk) error {
 	}
 	if err := t.builder.Apply(ch); err != nil {
 		return fmt.Errorf("chat: invalid chunk stream: %w", err)
+	}
+	switch ch.Type {
+	case message.ChunkStartStep:
+		t.stepOpen = true
+	case message.ChunkFinishStep:
+		t.stepOpen = false
 	}
 	t.send(ch)
 	return nil
@@ -373,9 +380,15 @@ func (t *turn) publish(batch []storedChunk) {
 	}
 	var targets []*agent.Conn
 	for conn := range c.admitted {
-		if _, waiting := c.pending[conn]; !waiting {
-			targets = append(targets, conn)
+		if _, waiting := c.pending[conn]; waiting {
+			continue
 		}
+		if !t.started && c.awaiting[conn] {
+			// Offered the stream below (startedLocked): its replay has
+			// this batch; sent live too, it would get it twice.
+			continue
+		}
+		targets = append(targets, conn)
 	}
 	for _, sc := range batch {
 		if sc.Live {
@@ -692,6 +705,9 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 				message.FinishStep())
 		}
 	}
+	t.writeMu.Lock()
+	t.stepOpen = stepOpen
+	t.writeMu.Unlock()
 	for _, ch := range closing {
 		if err := t.write(ch); err != nil {
 			return 0, false, err
@@ -753,6 +769,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		msg = t.builder.Message()
 		hasMsg = len(msg.Parts) > 0
 		res.Message = msg
+		if outcome == OutcomeCompleted {
+			res.Waiting = waitingCalls(msg)
+		}
 	}
 	res.Usage, res.TreeUsage = t.usageResult(msg)
 

@@ -524,6 +524,10 @@ func (ch *Chat) handleFrame(sk *socket, typ string, data []byte) {
 			if typ == frameResuming {
 				dst = ch.resumeWait
 			}
+		} else if typ == frameStreamPending && dst != nil {
+			// The offer may follow at once, before Resume reads this
+			// answer: it must find the probe waiting for it.
+			ch.resumeWait = dst
 		}
 		ch.mu.Unlock()
 		if ack {

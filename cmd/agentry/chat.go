@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
@@ -44,6 +45,8 @@ standard input is sent as a message. The answer streams as it arrives, and
 each helper run is shown with its progress, phase, milestones and result;
 background runs and the notification turns they cause are shown too. A lost
 connection is reconnected, and a turn in flight resumes where it was.
+The client-side tool get_local_time is answered with this machine's clock;
+a tool call that needs approval is answered with /approve or /deny.
 Ctrl-C cancels the turn in flight; a second Ctrl-C, or end of input, exits.
 `
 
@@ -134,7 +137,13 @@ func chatSession(ctx context.Context, args []string, in io.Reader, out io.Writer
 			if echo {
 				scr.line("you> " + text)
 			}
-			err := chatTurn(ctx, conn, scr, text, intr)
+			var err error
+			switch text {
+			case "/approve", "/deny":
+				err = answerApprovals(ctx, conn, scr, text == "/approve", intr)
+			default:
+				err = chatTurn(ctx, conn, scr, text, intr)
+			}
 			if errors.Is(err, errQuit) {
 				return nil
 			}
@@ -158,6 +167,100 @@ func chatTurn(ctx context.Context, conn *client.Conn, scr *screen, text string, 
 	if err != nil {
 		return err
 	}
+	return followTurn(ctx, conn, scr, s, intr)
+}
+
+// followTurn waits for the turn s to end, answers the client-side tools it
+// ended waiting for (get_local_time) and follows the continuation, until a
+// turn ends that waits for nothing this client answers.
+func followTurn(ctx context.Context, conn *client.Conn, scr *screen, s *client.Stream, intr <-chan os.Signal) error {
+	for s != nil {
+		if err := waitTurn(ctx, conn, scr, s, intr); err != nil {
+			return err
+		}
+		next, err := answerWaiting(ctx, conn, scr)
+		if err != nil {
+			return err
+		}
+		s = next
+	}
+	return nil
+}
+
+// answerWaiting answers the calls the last assistant message waits for
+// that this client can: get_local_time with the local time. For an
+// approval it tells the user how to answer (/approve, /deny). It returns
+// the continuation's stream, or nil.
+func answerWaiting(ctx context.Context, conn *client.Conn, scr *screen) (*client.Stream, error) {
+	last := lastAssistantOf(conn.Chat().Transcript())
+	if last == nil {
+		return nil, nil
+	}
+	var next *client.Stream
+	for _, p := range client.WaitingCalls(*last) {
+		switch {
+		case p.State == message.StateApprovalRequested:
+			scr.line(fmt.Sprintf("(%s waits for your approval: type /approve or /deny)", p.ToolName()))
+		case p.ToolName() == localTimeTool:
+			now := time.Now()
+			zone, _ := now.Zone()
+			out := map[string]string{"time": now.Format("15:04"), "date": now.Format("2006-01-02"), "timeZone": zone}
+			scr.line(fmt.Sprintf("(answering %s: %s %s)", localTimeTool, out["time"], zone))
+			s, err := conn.Chat().AddToolOutput(ctx, p.ToolCallID, p.ToolName(), out)
+			switch {
+			case errors.Is(err, client.ErrNoStream):
+			case err != nil:
+				return nil, err
+			default:
+				next = s
+			}
+		}
+	}
+	return next, nil
+}
+
+// answerApprovals answers every approval the last assistant message waits
+// for and follows the continuation.
+func answerApprovals(ctx context.Context, conn *client.Conn, scr *screen, approved bool, intr <-chan os.Signal) error {
+	last := lastAssistantOf(conn.Chat().Transcript())
+	var next *client.Stream
+	asked := false
+	if last != nil {
+		for _, p := range client.WaitingCalls(*last) {
+			if p.State != message.StateApprovalRequested {
+				continue
+			}
+			asked = true
+			s, err := conn.Chat().AddToolApprovalResponse(ctx, p.ToolCallID, approved)
+			switch {
+			case errors.Is(err, client.ErrNoStream):
+			case err != nil:
+				return err
+			default:
+				next = s
+			}
+		}
+	}
+	if !asked {
+		scr.line("(nothing waits for an approval)")
+		return nil
+	}
+	return followTurn(ctx, conn, scr, next, intr)
+}
+
+// localTimeTool is the demo's client-side tool that agentry chat answers.
+const localTimeTool = "get_local_time"
+
+func lastAssistantOf(msgs []message.Message) *message.Message {
+	if n := len(msgs); n > 0 && msgs[n-1].Role == message.RoleAssistant {
+		return &msgs[n-1]
+	}
+	return nil
+}
+
+// waitTurn waits until the screen has rendered the end of the turn s. An
+// interrupt cancels the turn; a second one returns errQuit.
+func waitTurn(ctx context.Context, conn *client.Conn, scr *screen, s *client.Stream, intr <-chan os.Signal) error {
 	done := scr.turnDone(s.ID())
 	cancelled := false
 	for {

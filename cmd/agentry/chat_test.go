@@ -34,6 +34,25 @@ func TestChatResearch(t *testing.T) {
 	c.exit(t)
 }
 
+// TestChatClientToolAndApproval: agentry chat answers get_local_time with
+// the local time (the model's follow-up uses it), and answers an approval
+// with /deny and /approve.
+func TestChatClientToolAndApproval(t *testing.T) {
+	env := startServer(t, nil)
+	c := startChat(t, env, false)
+	c.say(t, "what time is it?")
+	c.out.waitFor(t, `^\(answering get_local_time: \d\d:\d\d \S+\)$`)
+	c.out.waitFor(t, `^assistant> It is \d\d:\d\d where you are \(\S+\)\.$`)
+	c.say(t, "delete my helper runs")
+	c.out.waitFor(t, `^\(delete_helper_runs waits for your approval: type /approve or /deny\)$`)
+	c.say(t, "/deny")
+	c.out.waitFor(t, `OK, I left your helper runs alone\.$`)
+	c.say(t, "delete my helper runs")
+	c.say(t, "/approve")
+	c.out.waitFor(t, `I deleted 0 helper runs\.$`)
+	c.exit(t)
+}
+
 // TestChatBackground dispatches a background run: it is shown as it runs,
 // and the notification turn it causes is printed when it arrives.
 func TestChatBackground(t *testing.T) {

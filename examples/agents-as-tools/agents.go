@@ -115,7 +115,22 @@ func (a *Assistant) Tools() []chat.Tool {
 		chat.NewTool("compare", "Research two things side by side with two Researcher helpers.", a.compare),
 		chat.NewTool("research_background", "Research a topic in the background; the answer arrives later in the chat.", a.researchBackground).
 			WithSchema(minLength("query", 3)),
+		chat.NewTool("delete_helper_runs", "Delete every helper run and its child (asks the user first).", a.deleteHelperRuns).
+			WithApproval(chat.RequireApproval).WithTitle("Delete helper runs"),
+		chat.NewClientTool[struct{}]("get_local_time", "The user's local date, time and time zone, read on their device.").
+			WithTitle("Local time"),
 	}
+}
+
+// Deleted is what delete_helper_runs returns.
+type Deleted struct {
+	Deleted int `json:"deleted"`
+}
+
+// deleteHelperRuns deletes the helper runs, once the user approved it.
+func (a *Assistant) deleteHelperRuns(ctx context.Context, _ struct{}) (Deleted, error) {
+	n, err := agenttool.ClearAgentToolRuns(ctx, a, agenttool.ClearOptions{})
+	return Deleted{Deleted: n}, err
 }
 
 // Settled is one side of a comparison.
@@ -345,9 +360,29 @@ type SearchResult struct {
 	Snippet string `json:"snippet"`
 }
 
-// Tools returns web_search.
+// Tools returns web_search and publish_findings.
 func (r *Researcher) Tools() []chat.Tool {
-	return []chat.Tool{chat.NewTool("web_search", "Search the web (simulated).", r.webSearch).WithSchema(minLength("query", 1))}
+	return []chat.Tool{
+		chat.NewTool("web_search", "Search the web (simulated).", r.webSearch).WithSchema(minLength("query", 1)),
+		chat.NewTool("publish_findings", "Publish the findings to the team's wiki (asks the user first).", r.publishFindings).
+			WithApproval(chat.RequireApproval).WithTitle("Publish findings"),
+	}
+}
+
+// PublishInput is the input of publish_findings.
+type PublishInput struct {
+	Title string `json:"title" jsonschema:"the page title"`
+}
+
+// Published is what publish_findings returns.
+type Published struct {
+	URL string `json:"url"`
+}
+
+// publishFindings "publishes" the findings (simulated), once the user
+// approved it.
+func (r *Researcher) publishFindings(ctx context.Context, in PublishInput) (Published, error) {
+	return Published{URL: "https://wiki.example.com/" + strings.ReplaceAll(strings.ToLower(in.Title), " ", "-")}, nil
 }
 
 func (r *Researcher) webSearch(ctx context.Context, in ResearchInput) ([]SearchResult, error) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/anthropic"
 	"github.com/agentry/agentry/model/openai"
@@ -54,6 +55,9 @@ var (
 	versusRe     = regexp.MustCompile(`(?i)^(.+?)\s+(?:vs\.?|versus)\s+(.+?)[.?!]*$`)
 	backgroundRe = regexp.MustCompile(`(?i)\b(background|don'?t wait|do not wait|no need to wait|later)\b`)
 	planRe       = regexp.MustCompile(`(?i)\bplan\b`)
+	deleteRunsRe = regexp.MustCompile(`(?i)\bdelete my helper runs\b`)
+	timeRe       = regexp.MustCompile(`(?i)\bwhat time is it\b`)
+	publishRe    = regexp.MustCompile(`(?i)\bpublish`)
 	// backgroundPhraseRe is the whole phrase a background request adds.
 	backgroundPhraseRe = regexp.MustCompile(`(?i),?\s*\b(in the background|as a background task|don'?t wait( for it)?|do not wait( for it)?|no need to wait|later)\b`)
 	// greetingRe and helpRe recognize small talk and questions about the
@@ -134,6 +138,10 @@ func assistantRules() []scripted.Rule {
 		{Name: "answer-tools", Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
 			return scripted.Reply{scripted.Text(answerFromResults(scripted.ToolResults(req)))}
 		}},
+		{Name: "delete-helper-runs", Match: func(req *model.Request) bool { return deleteRunsRe.MatchString(scripted.LastUserText(req)) },
+			Reply: scripted.Always(scripted.Reply{scripted.ToolCall("delete_helper_runs", struct{}{})})},
+		{Name: "local-time", Match: func(req *model.Request) bool { return timeRe.MatchString(scripted.LastUserText(req)) },
+			Reply: scripted.Always(scripted.Reply{scripted.ToolCall("get_local_time", struct{}{})})},
 		{Name: "help", Match: isSmallTalk, Reply: func(*model.Request) scripted.Reply {
 			return scripted.Reply{scripted.Text(HelpText)}
 		}},
@@ -170,6 +178,24 @@ func comparePair(s string) (string, string, bool) {
 func answerFromResults(results []model.Content) string {
 	var parts []string
 	for _, r := range results {
+		switch {
+		case r.ToolName == "delete_helper_runs" && r.IsError && strings.Contains(string(r.Output), message.ResultDenied):
+			parts = append(parts, "OK, I left your helper runs alone.")
+			continue
+		case r.ToolName == "delete_helper_runs" && !r.IsError:
+			var d Deleted
+			_ = json.Unmarshal(r.Output, &d)
+			parts = append(parts, fmt.Sprintf("I deleted %d helper runs.", d.Deleted))
+			continue
+		case r.ToolName == "get_local_time" && !r.IsError:
+			var lt struct {
+				Time     string `json:"time"`
+				TimeZone string `json:"timeZone"`
+			}
+			_ = json.Unmarshal(r.Output, &lt)
+			parts = append(parts, strings.TrimSpace("It is "+lt.Time+" where you are ("+lt.TimeZone+")."))
+			continue
+		}
 		if r.IsError {
 			parts = append(parts, "A helper failed: "+strings.Trim(string(r.Output), `"`))
 			continue
@@ -271,10 +297,29 @@ func inputTopic(req *model.Request, field string) string {
 
 func researcherRules() []scripted.Rule {
 	return []scripted.Rule{
+		{Name: "publish", Match: func(req *model.Request) bool {
+			// Asked to publish: once the search is done, publish the
+			// findings (the user approves it first).
+			r := scripted.ToolResults(req)
+			return publishRe.MatchString(inputTopic(req, "query")) && len(r) > 0 && r[0].ToolName == "web_search"
+		}, Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.ToolCall("publish_findings", PublishInput{Title: capitalize(withoutPublish(inputTopic(req, "query")))})}
+		}},
 		{Name: "summarize", Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
-			q := inputTopic(req, "query")
+			q := withoutPublish(inputTopic(req, "query"))
 			var results []SearchResult
+			published := ""
 			for _, r := range scripted.ToolResults(req) {
+				if r.ToolName == "publish_findings" {
+					var p Published
+					if !r.IsError && json.Unmarshal(r.Output, &p) == nil {
+						published = " I published the findings at " + p.URL + "."
+					} else {
+						published = " I did not publish the findings."
+					}
+				}
+			}
+			for _, r := range searchResults(req) {
 				_ = json.Unmarshal(r.Output, &results)
 			}
 			var titles []string
@@ -283,7 +328,7 @@ func researcherRules() []scripted.Rule {
 			}
 			return scripted.Reply{scripted.Text(fmt.Sprintf(
 				"%s is worth knowing well. I read %d sources (%s). In short: %s is widely used, and the main trade-offs are cost, "+
-					"complexity and fit for your team.", capitalize(q), len(results), strings.Join(titles, "; "), q))}
+					"complexity and fit for your team.%s", capitalize(q), len(results), strings.Join(titles, "; "), q, published))}
 		}},
 		{Name: "follow-up", Match: func(req *model.Request) bool { return countUser(req) > 1 }, Reply: func(req *model.Request) scripted.Reply {
 			return scripted.Reply{scripted.Text("About \"" + scripted.LastUserText(req) + "\": based on my earlier research on " +
@@ -293,6 +338,27 @@ func researcherRules() []scripted.Rule {
 			return scripted.Reply{scripted.ToolCall("web_search", ResearchInput{Query: inputTopic(req, "query")})}
 		}},
 	}
+}
+
+// withoutPublish cuts a request to publish off a research topic.
+func withoutPublish(q string) string {
+	q = publishRe.Split(q, 2)[0]
+	q = strings.TrimSpace(q)
+	q = strings.TrimSuffix(q, " and")
+	return strings.Trim(strings.TrimSpace(q), ",.")
+}
+
+// searchResults returns the results of every web_search call so far.
+func searchResults(req *model.Request) []model.Content {
+	var out []model.Content
+	for _, m := range req.Messages {
+		for _, c := range m.Content {
+			if c.Kind == model.ContentToolResult && c.ToolName == "web_search" {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
 }
 
 func countUser(req *model.Request) int {

@@ -14,10 +14,14 @@ import WebSocket from "ws";
 
 class SimpleState {
   constructor(messages = []) {
-    this.status = "ready"; this.error = undefined; this._messages = messages; this.listeners = [];
+    this._status = "ready"; this.error = undefined; this._messages = messages; this.listeners = [];
   }
   get messages() { return this._messages; }
-  set messages(m) { this._messages = m; for (const l of this.listeners.splice(0)) if (!l()) this.listeners.push(l); }
+  set messages(m) { this._messages = m; this.notify(); }
+  // A status change is a change the waiters see too.
+  get status() { return this._status; }
+  set status(s) { this._status = s; this.notify(); }
+  notify() { for (const l of this.listeners.splice(0)) if (!l()) this.listeners.push(l); }
   pushMessage(m) { this.messages = [...this.messages, m]; }
   popMessage() { this.messages = this.messages.slice(0, -1); }
   replaceMessage(i, m) { const c = [...this.messages]; c[i] = m; this.messages = c; }
@@ -81,10 +85,10 @@ export function frames(agent, limit = 15000) {
 // returns { chat, transport, clearHistory }. Call it before the tab's first
 // request, so that its listener sees each frame before the transport's, as
 // the hook's does.
-export function useAgentChat(agent, id) {
+export function useAgentChat(agent, id, options = {}) {
   const local = new Set(); // the hook's localRequestIdsRef
   const transport = new WebSocketChatTransport({ agent, activeRequestIds: local });
-  const chat = new NodeChat({ id, transport });
+  const chat = new NodeChat({ id, transport, ...options });
   let protection = null; // { assistantId, anchorMessageId }
   const preserve = (messages, current) => {
     if (!protection) return [...messages];
@@ -124,6 +128,15 @@ export function useAgentChat(agent, id) {
       case "cf_agent_chat_messages":
         chat.messages = preserve(d.messages, chat.messages);
         break;
+      case "cf_agent_message_updated": {
+        // The hook replaces the message with the same id (else the one
+        // holding one of its tool calls); it never appends.
+        const ids = new Set(d.message.parts.filter((p) => p.toolCallId).map((p) => p.toolCallId));
+        let i = chat.messages.findIndex((m) => m.id === d.message.id);
+        if (i < 0) i = chat.messages.findIndex((m) => m.parts.some((p) => p.toolCallId && ids.has(p.toolCallId)));
+        if (i >= 0) chat.messages = chat.messages.map((m, j) => (j === i ? d.message : m));
+        break;
+      }
       case "cf_agent_use_chat_response": {
         if (!local.has(d.id)) break;
         if (d.body?.trim()) {
@@ -150,9 +163,31 @@ export function useAgentChat(agent, id) {
     }
   });
   wireResume(agent, transport);
+  // startToolContinuation: the hook arms the transport for the server's
+  // continuation and resumes the stream.
+  const continuation = async () => {
+    transport.expectToolContinuation();
+    await chat.resumeStream();
+  };
   return {
     chat,
     transport,
+    // useAgentChat's addToolApprovalResponse: cf_agent_tool_approval to the
+    // server (autoContinue), the AI SDK's local update, the continuation.
+    async addToolApprovalResponse({ id, approved }) {
+      let toolCallId;
+      for (const m of chat.messages) for (const p of m.parts) if (p.approval?.id === id) toolCallId = p.toolCallId;
+      agent.send(JSON.stringify({ type: "cf_agent_tool_approval", toolCallId, approved, autoContinue: true }));
+      await chat.addToolApprovalResponse({ id, approved });
+      await continuation();
+    },
+    // The addToolOutput that useAgentChat's onToolCall gets: cf_agent_tool_result
+    // to the server (autoContinue), the AI SDK's local update, the continuation.
+    async addToolOutput({ toolCallId, tool, output }) {
+      agent.send(JSON.stringify({ type: "cf_agent_tool_result", toolCallId, toolName: tool, output, autoContinue: true }));
+      await chat.addToolOutput({ tool, toolCallId, output });
+      await continuation();
+    },
     // useAgentChat's clearHistory.
     clearHistory() {
       protection = null;

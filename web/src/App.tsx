@@ -7,7 +7,7 @@
 import { Suspense, useCallback, useEffect, useMemo, useState, type ReactNode } from "react";
 import { useAgent, useAgentToolEvents } from "agents/react";
 import { useAgentChat } from "@cloudflare/ai-chat/react";
-import { Composer, MessageView } from "./chat";
+import { Composer, MessageView, withoutStandIns, type Answers } from "./chat";
 import { Avatar, BackgroundRuns, DRILLABLE, runLabel, StatusBadge, type Run } from "./helpers";
 import { REFUSED, socketProtocol, usePageAddress } from "./instance";
 import { useStickToBottom } from "./scroll";
@@ -144,6 +144,28 @@ function Shell({ name, connection, body, onClear, canClear }: { name: string; co
   );
 }
 
+// answerClientTool is the page's onToolCall: it answers the demo's
+// client-side tool get_local_time with the browser's clock and time zone.
+function answerClientTool({
+  toolCall,
+  addToolOutput,
+}: {
+  toolCall: { toolCallId: string; toolName: string };
+  addToolOutput: (o: { toolCallId: string; output: unknown }) => void;
+}) {
+  if (toolCall.toolName !== "get_local_time") return;
+  const now = new Date();
+  const pad = (n: number) => String(n).padStart(2, "0");
+  addToolOutput({
+    toolCallId: toolCall.toolCallId,
+    output: {
+      time: `${pad(now.getHours())}:${pad(now.getMinutes())}`,
+      date: `${now.getFullYear()}-${pad(now.getMonth() + 1)}-${pad(now.getDate())}`,
+      timeZone: Intl.DateTimeFormat().resolvedOptions().timeZone,
+    },
+  });
+}
+
 function ChatPage({
   name,
   query,
@@ -157,8 +179,24 @@ function ChatPage({
   connection: Connection;
   tools: ReturnType<typeof useAgentToolEvents<Part>>;
 }) {
-  const { messages, sendMessage, clearHistory, status, isServerStreaming } = useAgentChat({ agent });
+  const { messages, sendMessage, clearHistory, status, isServerStreaming, addToolApprovalResponse } = useAgentChat({
+    agent,
+    onToolCall: answerClientTool,
+  });
   const { runsById, runsByToolCallId, unboundRuns, resetLocalState } = tools;
+  const answers = useMemo<Answers>(
+    () => ({
+      onApprove: (part, approved) => {
+        const id = (part as { approval?: { id: string } }).approval?.id;
+        if (id) addToolApprovalResponse({ id, approved });
+      },
+      // A helper's approval is answered through this (the parent's)
+      // connection.
+      onAnswerRun: (run, part, approved) =>
+        agent.send(JSON.stringify({ type: "agent_tool_approval", runId: run.runId, toolCallId: part.toolCallId, approved })),
+    }),
+    [addToolApprovalResponse, agent],
+  );
 
   const [drill, setDrill] = useState<string | null>(null);
   const [cancelling, setCancelling] = useState<ReadonlySet<string>>(() => new Set());
@@ -236,7 +274,9 @@ function ChatPage({
                 {messages.length === 0 ? (
                   <Empty onPick={send} />
                 ) : (
-                  messages.map((m) => <MessageView key={m.id} message={m} runsByToolCall={runsByToolCallId} onDrillIn={openDrill} />)
+                  withoutStandIns(messages).map((m) => (
+                    <MessageView key={m.id} message={m} runsByToolCall={runsByToolCallId} onDrillIn={openDrill} answers={answers} />
+                  ))
                 )}
                 {(busy || isServerStreaming) && (
                   <div className="typing" data-testid="typing">
@@ -333,7 +373,16 @@ function DrillIn({ name, query, run, onClose }: { name: string; query: Query; ru
 }
 
 function ChildChat({ agent }: { agent: MainAgent }) {
-  const { messages, sendMessage, status, isServerStreaming } = useAgentChat({ agent });
+  const { messages, sendMessage, status, isServerStreaming, addToolApprovalResponse } = useAgentChat({ agent, onToolCall: answerClientTool });
+  const answers = useMemo<Answers>(
+    () => ({
+      onApprove: (part, approved) => {
+        const id = (part as { approval?: { id: string } }).approval?.id;
+        if (id) addToolApprovalResponse({ id, approved });
+      },
+    }),
+    [addToolApprovalResponse],
+  );
   const { scroller, content, stick } = useStickToBottom<HTMLDivElement>();
   const busy = status === "submitted" || status === "streaming";
   return (
@@ -343,7 +392,7 @@ function ChildChat({ agent }: { agent: MainAgent }) {
           {messages.length === 0 ? (
             <p className="muted center">No messages yet.</p>
           ) : (
-            messages.map((m) => <MessageView key={m.id} message={m} />)
+            withoutStandIns(messages).map((m) => <MessageView key={m.id} message={m} answers={answers} />)
           )}
           {(busy || isServerStreaming) && (
             <div className="typing">

@@ -2,8 +2,20 @@
 // panels, background notices, and the composer.
 import { useState, type FormEvent } from "react";
 import type { UIMessage } from "ai";
-import { HelperPanel, type Run } from "./helpers";
-import { Badge, formatOutput, isToolPart, Markdown, previewInput, toolBadge, toolNameOf, toolStateOf, type ToolPart } from "./parts";
+import { HelperPanel, type OnAnswerRun, type Run } from "./helpers";
+import {
+  ApprovalButtons,
+  Badge,
+  formatOutput,
+  isToolPart,
+  Markdown,
+  previewInput,
+  toolBadge,
+  toolNameOf,
+  toolStateOf,
+  type OnApprove,
+  type ToolPart,
+} from "./parts";
 
 // metadata.source of the messages a background run adds to the chat
 // (examples/agents-as-tools NotifySource).
@@ -16,7 +28,11 @@ function metadataOf(m: UIMessage): Record<string, unknown> {
 
 export type RunsByToolCall = Record<string, Run[]>;
 
-function ToolCard({ part, runs, onDrillIn }: { part: ToolPart; runs: Run[]; onDrillIn?: (run: Run) => void }) {
+// Answers a chat's waiting tool calls: its own approvals, and those of its
+// helpers' runs.
+export type Answers = { onApprove?: OnApprove; onAnswerRun?: OnAnswerRun };
+
+function ToolCard({ part, runs, onDrillIn, answers }: { part: ToolPart; runs: Run[]; onDrillIn?: (run: Run) => void; answers?: Answers }) {
   const name = toolNameOf(part);
   const state = toolStateOf(part);
   const input = "input" in part ? part.input : undefined;
@@ -36,7 +52,7 @@ function ToolCard({ part, runs, onDrillIn }: { part: ToolPart; runs: Run[]; onDr
       {sorted.length > 0 && (
         <div className={`helpers ${sorted.length > 1 ? "helpers-many" : ""}`}>
           {sorted.map((run) => (
-            <HelperPanel key={run.runId} run={run} onDrillIn={onDrillIn ?? (() => {})} />
+            <HelperPanel key={run.runId} run={run} onDrillIn={onDrillIn ?? (() => {})} onAnswer={answers?.onAnswerRun} />
           ))}
         </div>
       )}
@@ -46,7 +62,8 @@ function ToolCard({ part, runs, onDrillIn }: { part: ToolPart; runs: Run[]; onDr
           <pre>{formatOutput(output)}</pre>
         </details>
       )}
-      {state === "error" && <div className="error-text">{errorText ?? "The tool failed."}</div>}
+      {state === "error" && <div className="error-text">{errorText ?? (part.state === "output-denied" ? "Denied." : "The tool failed.")}</div>}
+      <ApprovalButtons part={part} onApprove={answers?.onApprove} />
     </div>
   );
 }
@@ -55,10 +72,12 @@ export function MessageView({
   message,
   runsByToolCall,
   onDrillIn,
+  answers,
 }: {
   message: UIMessage;
   runsByToolCall?: RunsByToolCall;
   onDrillIn?: (run: Run) => void;
+  answers?: Answers;
 }) {
   const md = metadataOf(message);
   const isEvent = md.source === BACKGROUND_SOURCE;
@@ -73,7 +92,9 @@ export function MessageView({
       );
     }
     if (isToolPart(part)) {
-      return <ToolCard key={part.toolCallId || i} part={part} runs={runsByToolCall?.[part.toolCallId] ?? []} onDrillIn={onDrillIn} />;
+      return (
+        <ToolCard key={part.toolCallId || i} part={part} runs={runsByToolCall?.[part.toolCallId] ?? []} onDrillIn={onDrillIn} answers={answers} />
+      );
     }
     return null;
   });
@@ -128,4 +149,22 @@ export function Composer({
       </button>
     </form>
   );
+}
+
+// withoutStandIns hides the stand-ins of continuations. After an approval
+// or a client tool's output, the server continues the assistant message in
+// a new stream, which the tab that answered renders as a message of its
+// own until the server's transcript holds the merged message; the AI SDK
+// may then keep that copy. A message that directly follows an assistant
+// message and whose parts that one already has is such a copy.
+export function withoutStandIns(messages: UIMessage[]): UIMessage[] {
+  const key = (p: UIMessage["parts"][number]) =>
+    "toolCallId" in p ? `tool:${p.toolCallId}` : p.type === "text" ? `text:${p.text}` : p.type === "step-start" ? "" : `other:${JSON.stringify(p)}`;
+  return messages.filter((m, i) => {
+    const prev = messages[i - 1];
+    if (i === 0 || m.role !== "assistant" || prev.role !== "assistant") return true;
+    const have = new Set(prev.parts.map(key));
+    const own = m.parts.map(key).filter((k) => k !== "");
+    return own.length === 0 || !own.every((k) => have.has(k));
+  });
 }

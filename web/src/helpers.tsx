@@ -2,7 +2,7 @@
 // tool call, its progress bar and chips, and the background-runs panel.
 import { useState } from "react";
 import type { AgentToolRunState } from "agents/chat";
-import { Badge, previewInput, Timeline, type Part } from "./parts";
+import { Badge, previewInput, Timeline, type OnApprove, type Part, type ToolPart } from "./parts";
 
 export type Run = AgentToolRunState<Part>;
 
@@ -92,7 +92,12 @@ export function Milestones({ run }: { run: Run }) {
 
 // One helper under a tool call: header, progress, milestones and the
 // child's live timeline (its text and tool parts).
-export function HelperPanel({ run, onDrillIn }: { run: Run; onDrillIn: (run: Run) => void }) {
+// onAnswer answers an approval the run's child waits for (from the
+// parent's connection: the agent_tool_approval frame).
+export type OnAnswerRun = (run: Run, part: ToolPart, approved: boolean) => void;
+
+export function HelperPanel({ run, onDrillIn, onAnswer }: { run: Run; onDrillIn: (run: Run) => void; onAnswer?: OnAnswerRun }) {
+  const onApprove: OnApprove | undefined = onAnswer && run.status === "running" ? (part, approved) => onAnswer(run, part, approved) : undefined;
   const [open, setOpen] = useState(true);
   return (
     <section
@@ -121,7 +126,7 @@ export function HelperPanel({ run, onDrillIn }: { run: Run; onDrillIn: (run: Run
       </header>
       <ProgressBar run={run} />
       <Milestones run={run} />
-      {open && run.parts.length > 0 && <Timeline parts={run.parts} />}
+      {open && run.parts.length > 0 && <Timeline parts={run.parts} onApprove={onApprove} />}
       {run.error && <div className="error-text">{run.error}</div>}
     </section>
   );

@@ -15,10 +15,12 @@ export function toolNameOf(part: ToolPart): string {
   return part.type.slice("tool-".length);
 }
 
-export type ToolState = "running" | "done" | "error";
+export type ToolState = "running" | "approval" | "done" | "error";
 
 export function toolStateOf(part: ToolPart): ToolState {
   switch (part.state) {
+    case "approval-requested":
+      return "approval";
     case "output-available":
       return "done";
     case "output-error":
@@ -153,9 +155,30 @@ export function toolBadge(state: ToolState) {
       return <Badge tone="ok">Done</Badge>;
     case "error":
       return <Badge tone="bad">Error</Badge>;
+    case "approval":
+      return <Badge tone="warn">Needs approval</Badge>;
     default:
       return <Badge tone="live">Running</Badge>;
   }
+}
+
+// onApprove answers a tool call's approval request (approved or denied).
+export type OnApprove = (part: ToolPart, approved: boolean) => void;
+
+// The approve and deny buttons of a tool call waiting for approval.
+export function ApprovalButtons({ part, onApprove }: { part: ToolPart; onApprove?: OnApprove }) {
+  if (part.state !== "approval-requested" || !onApprove) return null;
+  return (
+    <div className="approval" data-testid="approval">
+      <span className="muted small">This action needs your approval.</span>
+      <button type="button" className="btn btn-small btn-primary" data-testid="approve" onClick={() => onApprove(part, true)}>
+        Approve
+      </button>
+      <button type="button" className="btn btn-small btn-danger" data-testid="deny" onClick={() => onApprove(part, false)}>
+        Deny
+      </button>
+    </div>
+  );
 }
 
 function formatOutput(output: unknown): string {
@@ -165,7 +188,7 @@ function formatOutput(output: unknown): string {
 
 // A tool call inside a helper's timeline: one compact row, its result
 // folded away.
-export function CompactToolPart({ part }: { part: ToolPart }) {
+export function CompactToolPart({ part, onApprove }: { part: ToolPart; onApprove?: OnApprove }) {
   const state = toolStateOf(part);
   const input = "input" in part ? part.input : undefined;
   const output = "output" in part ? part.output : undefined;
@@ -183,14 +206,15 @@ export function CompactToolPart({ part }: { part: ToolPart }) {
           <pre>{formatOutput(output)}</pre>
         </details>
       )}
-      {state === "error" && <div className="error-text">{errorText ?? "The tool failed."}</div>}
+      {state === "error" && <div className="error-text">{errorText ?? (part.state === "output-denied" ? "Denied." : "The tool failed.")}</div>}
+      <ApprovalButtons part={part} onApprove={onApprove} />
     </div>
   );
 }
 
 // The parts of a helper's message: text, reasoning and tool calls; the
 // rest (step markers, data parts) has no visible form.
-export function Timeline({ parts }: { parts: readonly Part[] }) {
+export function Timeline({ parts, onApprove }: { parts: readonly Part[]; onApprove?: OnApprove }) {
   return (
     <div className="timeline" data-testid="timeline">
       {parts.map((part, i) => {
@@ -208,7 +232,7 @@ export function Timeline({ parts }: { parts: readonly Part[] }) {
             </div>
           );
         }
-        if (isToolPart(part)) return <CompactToolPart key={part.toolCallId || i} part={part} />;
+        if (isToolPart(part)) return <CompactToolPart key={part.toolCallId || i} part={part} onApprove={onApprove} />;
         return null;
       })}
     </div>

@@ -1,0 +1,267 @@
+package agenttool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/store"
+)
+
+// Runs that wait for input.
+//
+// A child's turn that calls a tool needing approval, or a client-side
+// tool, ends waiting for the answer (see chat.TurnResult.Waiting). The run
+// does not end with it: it is waiting for input. The answer — given from
+// the child's own chat (the drill-in) or from the parent's connection (the
+// agent_tool_approval and agent_tool_result frames, or
+// AnswerAgentToolApproval and AnswerAgentToolOutput) — starts a
+// continuation turn of the child's message, and the run goes on with it:
+// its stream continues the run's sequence, so the parent's clients see one
+// timeline, and the run ends when a turn ends without waiting. While it
+// waits, the parent's no-progress timer is stopped: waiting for a person is
+// not silence.
+
+// errWaitCanceled ends the wait of a run canceled while it waited.
+var errWaitCanceled = errors.New("agenttool: run canceled while it waited for input")
+
+// waitRunTurns waits for the run's turn, then for each continuation a wait
+// for input leads to, and returns the result of the turn that ended the
+// run.
+func (h *host) waitRunTurns(ctx context.Context, cb *chat.Base, cr *childRun) (chat.TurnResult, error) {
+	h.mu.Lock()
+	streamID := cr.streamID
+	h.mu.Unlock()
+	for {
+		res, err := cb.WaitTurn(ctx, streamID)
+		if err != nil || ctx.Err() != nil || res.Outcome != chat.OutcomeCompleted || len(res.Waiting) == 0 {
+			return res, err
+		}
+		h.setRunState(cr, streamID, res.Waiting)
+		h.publish(ctx, "waiting", map[string]any{"runId": cr.runID, "calls": len(res.Waiting)})
+		wctx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-cr.abort:
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
+		next, err := cb.NextTurn(wctx, streamID)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				return res, errWaitCanceled
+			}
+			return res, err
+		}
+		if err := h.recordTurnID(ctx, cr.runID, next); err != nil {
+			return res, err
+		}
+		// The answer is a signal: a no-progress budget counts from it.
+		if err := h.touchSignal(ctx, cr.runID); err != nil {
+			return res, err
+		}
+		h.setRunState(cr, next, nil)
+		h.publish(ctx, "resumed", map[string]any{"runId": cr.runID, "stream": next})
+		streamID = next
+	}
+}
+
+// setRunState records the run's current turn and what it waits for, and
+// tells whoever follows the run.
+func (h *host) setRunState(cr *childRun, streamID string, waiting []chat.WaitingCall) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	cr.streamID, cr.waiting = streamID, waiting
+	close(cr.changed)
+	cr.changed = make(chan struct{})
+}
+
+// runState returns the run's current turn, what it waits for, and a
+// channel closed at its next change.
+func (h *host) runState(cr *childRun) (streamID string, waiting []chat.WaitingCall, changed <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return cr.streamID, cr.waiting, cr.changed
+}
+
+// stopWaitLocked ends the run's wait for input (a cancel). h.mu held.
+func (cr *childRun) stopWaitLocked() {
+	select {
+	case <-cr.abort:
+	default:
+		close(cr.abort)
+	}
+}
+
+// waitingProgress is the transient progress chunk a parent's clients get
+// when a run starts or stops waiting for input (the reducer shows it as
+// the run's progress).
+func waitingProgress(at int, waiting []chat.WaitingCall) string {
+	data := map[string]any{"phase": "running", "message": "Input received"}
+	if len(waiting) > 0 {
+		var what []string
+		for _, w := range waiting {
+			if w.Approval {
+				what = append(what, "approval of "+w.ToolName)
+			} else {
+				what = append(what, w.ToolName)
+			}
+		}
+		data = map[string]any{"phase": "waiting-for-input", "message": "Waiting for " + strings.Join(what, ", "),
+			"data": map[string]any{"waiting": waiting}}
+	}
+	// Each its own id: clients dedupe progress frames by it.
+	id := fmt.Sprintf("agentry-input-%d-%s", at, data["phase"])
+	b, _ := json.Marshal(map[string]any{"type": "data-agent-progress", "id": id, "transient": true, "data": data})
+	return string(b)
+}
+
+// AnswerAgentToolApproval answers, from the parent, the approval request
+// of the tool call toolCallID that the run runID's child waits for; the
+// child goes on with its run. Only a run of parent's registry that is in
+// flight can be answered.
+func AnswerAgentToolApproval(ctx context.Context, parent agent.Agent, runID, toolCallID string, approved bool, reason string) error {
+	return answerRun(ctx, parent, runID, func(ctx context.Context, cb *chat.Base) error {
+		_, err := cb.AddToolApprovalResponse(ctx, toolCallID, approved, reason, chat.AnswerOptions{AutoContinue: true})
+		return err
+	})
+}
+
+// AnswerAgentToolOutput answers, from the parent, a client-side tool's
+// call toolCallID that the run runID's child waits for, with output (or
+// errText when it is not empty).
+func AnswerAgentToolOutput(ctx context.Context, parent agent.Agent, runID, toolCallID string, output json.RawMessage, errText string) error {
+	return answerRun(ctx, parent, runID, func(ctx context.Context, cb *chat.Base) error {
+		_, err := cb.AddToolOutput(ctx, toolCallID, output, errText, chat.AnswerOptions{AutoContinue: true})
+		return err
+	})
+}
+
+// ErrRunNotWaiting refuses an answer for a run that is not in flight in
+// the parent's registry.
+var ErrRunNotWaiting = errors.New("agenttool: no such run in flight")
+
+func answerRun(ctx context.Context, parent agent.Agent, runID string, fn func(ctx context.Context, cb *chat.Base) error) error {
+	h, err := hostOf(parent)
+	if err != nil {
+		return err
+	}
+	row, ok, err := h.readRun(ctx, runID)
+	if err != nil {
+		return fmt.Errorf("agenttool: read run: %w", err)
+	}
+	if !ok || !row.Status.Active() {
+		return ErrRunNotWaiting
+	}
+	child, release, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, runID))
+	if err != nil {
+		return fmt.Errorf("agenttool: child of %s: %w", runID, err)
+	}
+	defer release()
+	cb, ok := chatOf(child)
+	if !ok {
+		return errNoChat
+	}
+	return fn(ctx, cb)
+}
+
+// Frames a parent's clients send to answer a child's wait.
+const (
+	frameRunApproval = "agent_tool_approval"
+	frameRunResult   = "agent_tool_result"
+)
+
+// LayerFrame handles the answers a parent's clients give to the runs of
+// its registry that wait for input:
+//
+//	{"type":"agent_tool_approval","runId":…,"toolCallId":…,"approved":true|false,"reason"?:…}
+//	{"type":"agent_tool_result","runId":…,"toolCallId":…,"output":…,"state"?:"output-error","errorText"?:…}
+//
+// A refused answer gets an error frame (unknown_run, tool_call_not_waiting,
+// bad_agent_tool_frame).
+func (h *host) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, data []byte) bool {
+	if typ != frameRunApproval && typ != frameRunResult {
+		return false
+	}
+	var f struct {
+		RunID      string          `json:"runId"`
+		ToolCallID string          `json:"toolCallId"`
+		Approved   bool            `json:"approved"`
+		Reason     string          `json:"reason"`
+		Output     json.RawMessage `json:"output"`
+		State      string          `json:"state"`
+		ErrorText  string          `json:"errorText"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil || f.RunID == "" || f.ToolCallID == "" {
+		conn.SendError("bad_agent_tool_frame", typ+" needs a runId and a toolCallId")
+		return true
+	}
+	var err error
+	if typ == frameRunApproval {
+		err = AnswerAgentToolApproval(ctx, h.a, f.RunID, f.ToolCallID, f.Approved, f.Reason)
+	} else {
+		errText := ""
+		if f.State == "output-error" {
+			errText = f.ErrorText
+			if errText == "" {
+				errText = "tool failed"
+			}
+		}
+		err = AnswerAgentToolOutput(ctx, h.a, f.RunID, f.ToolCallID, f.Output, errText)
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrRunNotWaiting):
+		conn.SendError("unknown_run", "no run "+f.RunID+" in flight")
+	case errors.Is(err, chat.ErrUnknownToolCall), errors.Is(err, chat.ErrNotWaiting), errors.Is(err, chat.ErrTurnRunning):
+		conn.SendError("tool_call_not_waiting", err.Error())
+	default:
+		conn.SendError("agent_tool_failed", h.rt.ClientMessage(err, "agent", h.b.Path().String(), "run", f.RunID))
+	}
+	return true
+}
+
+// touchSignal records that the run's child just showed a sign of life.
+func (h *host) touchSignal(ctx context.Context, runID string) error {
+	now := h.rt.Clock().Now().UnixMilli()
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET last_signal_at = ? WHERE instance_id = ? AND run_id = ?`, now, h.iid, runID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("agenttool: record signal: %w", err)
+	}
+	return nil
+}
+
+// isWaiting reports whether the run executing in this child waits for
+// input: a no-progress budget does not count that time as silence.
+func (h *host) isWaiting(runID string) bool {
+	h.mu.Lock()
+	cr := h.child[runID]
+	waiting := cr != nil && len(cr.waiting) > 0
+	h.mu.Unlock()
+	if waiting {
+		return true
+	}
+	// Not known yet (the watcher of a restarted child has not read its
+	// turn): the child's transcript tells.
+	cb, ok := chatOf(h.a)
+	return ok && len(cb.WaitingCalls()) > 0
+}
+
+// waitingOf returns what the run executing in this child waits for.
+func (h *host) waitingOf(runID string) []chat.WaitingCall {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cr := h.child[runID]; cr != nil {
+		return cr.waiting
+	}
+	return nil
+}
