@@ -155,11 +155,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			case insp != nil && insp.CompletedAt != nil:
 				h.recoveredRow(ctx, row, start, resultFromInspection(*insp), h.forwardStoredRemote(ctx, row, insp.RequestID))
 			case insp == nil:
-				h.mu.Lock()
-				started := make(chan struct{})
-				h.unstarted[row.RunID] = started
-				h.mu.Unlock()
-				unstarted = append(unstarted, waiting{row, started})
+				unstarted = append(unstarted, waiting{row, h.awaitStart(row.RunID)})
 			default:
 				remote = append(remote, remotePending{row, insp.RequestID, r})
 			}
@@ -187,11 +183,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			// no input to start it with. A re-dispatch of the same run id
 			// (a recovered chat turn repeating its tool call) starts it;
 			// wait for that within the no-progress budget.
-			h.mu.Lock()
-			started := make(chan struct{})
-			h.unstarted[row.RunID] = started
-			h.mu.Unlock()
-			unstarted = append(unstarted, waiting{row, started})
+			unstarted = append(unstarted, waiting{row, h.awaitStart(row.RunID)})
 		case insp.RequestID == "":
 			// Recorded but its turn never started: start it with the input
 			// it was recorded with, then follow it.
@@ -316,6 +308,16 @@ func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, re
 	h.publish(ctx, "recovery:row", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
 		"status": string(stored.Status), "reason": string(stored.Reason), "error": stored.Error,
 		"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
+}
+
+// awaitStart registers a recovered run whose child never started it: a
+// re-dispatch of the run id closes the returned channel.
+func (h *host) awaitStart(runID string) chan struct{} {
+	started := make(chan struct{})
+	h.mu.Lock()
+	h.unstarted[runID] = started
+	h.mu.Unlock()
+	return started
 }
 
 // inspection is the answer of startInspection.

@@ -108,7 +108,10 @@ const HelpText = "Hello! I hand work to helper agents, each with its own chat yo
 	"- \"Research quantum computing\": a Researcher searches and summarizes.\n" +
 	"- \"Compare HTTP/3 and gRPC\": two Researchers side by side.\n" +
 	"- \"Plan adding rate limiting to the billing service\": a Planner writes a step-by-step plan.\n" +
-	"- \"Research the history of TLS, don't wait\": research in the background; the result arrives later in this chat."
+	"- \"Research the history of TLS, don't wait\": research in the background; the result arrives later in this chat.\n" +
+	"- \"Research solar power and publish it\": the Researcher asks your approval to publish its findings.\n" +
+	"- \"What time is it?\": your browser (or agentry chat) answers with its clock.\n" +
+	"- \"Delete my helper runs\": asks your approval, then clears the helper runs."
 
 // noticeAnswer is the assistant's reply to a background run's notice.
 func noticeAnswer(text string) string {

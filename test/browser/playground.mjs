@@ -220,6 +220,23 @@ async function run() {
   await atNewest(page);
   await shot(page, "research-after-refresh");
 
+  // ── 2b. The answer shows its token usage, the helper's included; a file
+  //        attached in the composer is sent with the message and shown in it.
+  step("usage and attachment");
+  {
+    const usage = page.locator("[data-testid=message][data-role=assistant]").last().getByTestId("usage");
+    await usage.waitFor();
+    const own = Number(await usage.getAttribute("data-tokens"));
+    const tree = Number(await usage.getAttribute("data-tree-tokens"));
+    assert.ok(own > 0 && tree > own, `the answer shows its own tokens and the tree's, with the helper's: ${own}, ${tree}`);
+  }
+  await page.getByTestId("chat-composer-file").setInputFiles({ name: "notes.txt", mimeType: "text/plain", buffer: Buffer.from("Notes to read.") });
+  await page.getByTestId("attachments").filter({ hasText: "notes.txt" }).waitFor();
+  await send(page, "hello, what can you do?");
+  await page.locator("[data-testid=message][data-role=user]").last().getByTestId("file-part").filter({ hasText: "notes.txt" }).waitFor();
+  await page.locator("[data-testid=message][data-role=assistant]").last().filter({ hasText: "I hand work to helper agents" }).waitFor();
+  assert.equal(await page.getByTestId("attachments").count(), 0, "the composer is empty after sending");
+
   // ── 3. A comparison: two helpers under one tool call, in order.
   step("compare");
   await watch(page);

@@ -7,6 +7,7 @@
 import { Suspense, useCallback, useEffect, useMemo, useState, type ReactNode } from "react";
 import { useAgent, useAgentToolEvents } from "agents/react";
 import { useAgentChat } from "@cloudflare/ai-chat/react";
+import type { FileUIPart } from "ai";
 import { Composer, MessageView, withoutStandIns, type Answers } from "./chat";
 import { Avatar, BackgroundRuns, DRILLABLE, runLabel, StatusBadge, type Run } from "./helpers";
 import { REFUSED, socketProtocol, usePageAddress } from "./instance";
@@ -251,9 +252,9 @@ function ChatPage({
   // stays at the bottom; sending a message jumps back there.
   const { scroller, content, stick } = useStickToBottom<HTMLDivElement>();
   const send = useCallback(
-    (text: string) => {
+    (text: string, files: FileUIPart[] = []) => {
       stick();
-      sendMessage({ text });
+      sendMessage(files.length > 0 ? { text, files } : { text });
     },
     [sendMessage, stick],
   );
@@ -405,9 +406,9 @@ function ChildChat({ agent }: { agent: MainAgent }) {
       </div>
       <Composer
         testId="drill-in-composer"
-        onSend={(text) => {
+        onSend={(text, files) => {
           stick();
-          sendMessage({ text });
+          sendMessage(files.length > 0 ? { text, files } : { text });
         }}
         disabled={busy}
         placeholder="Ask this helper a follow-up…"

@@ -1,7 +1,7 @@
 // Chat transcript rendering: messages, tool calls with their inline helper
 // panels, background notices, and the composer.
-import { useState, type FormEvent } from "react";
-import type { UIMessage } from "ai";
+import { useRef, useState, type ChangeEvent, type FormEvent } from "react";
+import type { FileUIPart, UIMessage } from "ai";
 import { HelperPanel, type OnAnswerRun, type Run } from "./helpers";
 import {
   ApprovalButtons,
@@ -84,6 +84,13 @@ export function MessageView({
   const role = message.role;
   const content = message.parts.map((part, i) => {
     if (part.type === "text") return <Markdown key={i} text={part.text} />;
+    if (part.type === "file") {
+      return (
+        <div key={i} className="file-part" data-testid="file-part">
+          {part.mediaType.startsWith("image/") ? <img src={part.url} alt={part.filename ?? "image"} /> : <span className="attachment">{part.filename ?? part.mediaType}</span>}
+        </div>
+      );
+    }
     if (part.type === "reasoning") {
       return (
         <div key={i} className="reasoning">
@@ -118,9 +125,15 @@ export function MessageView({
     <div className={`msg msg-${role}`} data-testid="message" data-role={role} data-message-id={message.id}>
       <div className="msg-role">{role === "user" ? "You" : role === "assistant" ? "Assistant" : role}</div>
       <div className="msg-body">{content}</div>
+      {role === "assistant" && <UsageLine md={md} />}
     </div>
   );
 }
+
+// MAX_ATTACHMENT_BYTES keeps an attachment, sent as a data: URL inside the
+// chat request frame, under the server's 1 MiB frame limit (base64 adds a
+// third).
+const MAX_ATTACHMENT_BYTES = 700 * 1024;
 
 export function Composer({
   onSend,
@@ -128,26 +141,90 @@ export function Composer({
   placeholder,
   testId,
 }: {
-  onSend: (text: string) => void;
+  onSend: (text: string, files: FileUIPart[]) => void;
   disabled?: boolean;
   placeholder: string;
   testId: string;
 }) {
   const [text, setText] = useState("");
+  const [files, setFiles] = useState<FileUIPart[]>([]);
+  const [error, setError] = useState<string | null>(null);
+  const picker = useRef<HTMLInputElement>(null);
   const submit = (e: FormEvent) => {
     e.preventDefault();
     const t = text.trim();
     if (!t || disabled) return;
-    onSend(t);
+    onSend(t, files);
     setText("");
+    setFiles([]);
+  };
+  const attach = (e: ChangeEvent<HTMLInputElement>) => {
+    const list = Array.from(e.target.files ?? []);
+    e.target.value = "";
+    setError(null);
+    for (const f of list) {
+      if (f.size > MAX_ATTACHMENT_BYTES) {
+        setError(`${f.name} is ${Math.round(f.size / 1024)} KB; attachments can be at most ${MAX_ATTACHMENT_BYTES / 1024} KB.`);
+        continue;
+      }
+      const reader = new FileReader();
+      reader.onload = () =>
+        setFiles((have) => [...have, { type: "file", mediaType: f.type || "application/octet-stream", filename: f.name, url: String(reader.result) }]);
+      reader.readAsDataURL(f);
+    }
   };
   return (
-    <form className="composer" onSubmit={submit} data-testid={testId}>
-      <input value={text} onChange={(e) => setText(e.target.value)} placeholder={placeholder} aria-label={placeholder} />
-      <button type="submit" className="btn btn-primary" disabled={disabled || text.trim() === ""}>
-        Send
-      </button>
-    </form>
+    <>
+      {/* Outside the form: the form's inputs stay the text box alone. */}
+      <input
+        ref={picker}
+        type="file"
+        accept="image/*,application/pdf,text/plain"
+        multiple
+        hidden
+        onChange={attach}
+        data-testid={`${testId}-file`}
+      />
+      <form className="composer" onSubmit={submit} data-testid={testId}>
+      {(files.length > 0 || error) && (
+        <div className="attachments" data-testid="attachments">
+          {files.map((f, i) => (
+            <span key={i} className="attachment">
+              {f.filename}
+              <button type="button" aria-label={`Remove ${f.filename}`} onClick={() => setFiles((have) => have.filter((_, j) => j !== i))}>
+                ×
+              </button>
+            </span>
+          ))}
+          {error && <span className="error-text">{error}</span>}
+        </div>
+      )}
+      <div className="composer-row">
+        <button type="button" className="btn" onClick={() => picker.current?.click()} disabled={disabled} aria-label="Attach a file" title="Attach a file">
+          📎
+        </button>
+        <input value={text} onChange={(e) => setText(e.target.value)} placeholder={placeholder} aria-label={placeholder} />
+        <button type="submit" className="btn btn-primary" disabled={disabled || text.trim() === ""}>
+          Send
+        </button>
+      </div>
+      </form>
+    </>
+  );
+}
+
+// UsageLine shows an assistant message's token usage (its metadata, which
+// the server writes): its own model calls and, when it used helpers, the
+// whole delegation tree.
+function UsageLine({ md }: { md: Record<string, unknown> }) {
+  const total = (u: unknown) => (u && typeof u === "object" ? Number((u as { totalTokens?: number }).totalTokens ?? 0) : 0);
+  const own = total(md.usage);
+  const tree = total(md.treeUsage);
+  if (!own && !tree) return null;
+  return (
+    <div className="msg-usage" data-testid="usage" data-tokens={own} data-tree-tokens={tree}>
+      {own.toLocaleString()} tokens{tree > own ? ` · ${tree.toLocaleString()} with helpers` : ""}
+    </div>
   );
 }
 
