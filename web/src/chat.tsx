@@ -201,7 +201,9 @@ export function Composer({
       )}
       <div className="composer-row">
         <button type="button" className="btn" onClick={() => picker.current?.click()} disabled={disabled} aria-label="Attach a file" title="Attach a file">
-          📎
+          <svg width="16" height="16" viewBox="0 0 24 24" fill="none" stroke="currentColor" strokeWidth="2" strokeLinecap="round" aria-hidden="true">
+            <path d="M21 11.5l-8.6 8.6a5 5 0 0 1-7.1-7.1l8.6-8.6a3.5 3.5 0 0 1 5 5l-8.6 8.6a2 2 0 0 1-2.8-2.8l8-8" />
+          </svg>
         </button>
         <input value={text} onChange={(e) => setText(e.target.value)} placeholder={placeholder} aria-label={placeholder} />
         <button type="submit" className="btn btn-primary" disabled={disabled || text.trim() === ""}>
