@@ -540,15 +540,11 @@ func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, err
 		// Created by this hydration: every run it has, it started here.
 		return nil, nil
 	}
-	var in Inspection
-	var req, summary, output, errMsg, progress sql.NullString
-	var started int64
-	var completed, signal sql.NullInt64
+	var in *Inspection
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		err := tx.QueryRow(ctx, `SELECT run_id, request_id, status, summary, output_json, error_message, started_at, completed_at,
-				progress_json, last_signal_at
-			FROM agent_tool_child_runs WHERE instance_id = ? AND run_id = ?`, h.iid, runID).
-			Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed, &progress, &signal)
+		var err error
+		in, err = scanInspection(tx.QueryRow(ctx, `SELECT `+inspectionCols+`
+			FROM agent_tool_child_runs r WHERE r.instance_id = ? AND r.run_id = ?`, h.iid, runID))
 		if err != nil {
 			return err
 		}
@@ -563,22 +559,6 @@ func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, err
 	if err != nil {
 		return nil, fmt.Errorf("agenttool: inspect child run: %w", err)
 	}
-	in.RequestID, in.Summary, in.Error = req.String, summary.String, errMsg.String
-	if output.Valid {
-		in.Output = json.RawMessage(output.String)
-	}
-	in.StartedAt = time.UnixMilli(started)
-	if completed.Valid {
-		t := time.UnixMilli(completed.Int64)
-		in.CompletedAt = &t
-	}
-	if progress.Valid {
-		in.Progress = json.RawMessage(progress.String)
-	}
-	if signal.Valid {
-		t := time.UnixMilli(signal.Int64)
-		in.LastSignalAt = &t
-	}
 	if in.Status == childRunning {
 		h.mu.Lock()
 		if cr := h.child[runID]; cr != nil {
@@ -586,7 +566,7 @@ func (h *host) inspectChild(ctx context.Context, runID string) (*Inspection, err
 		}
 		h.mu.Unlock()
 	}
-	return &in, nil
+	return in, nil
 }
 
 // cancelChildRun aborts a run executing here; its watcher records aborted
@@ -612,6 +592,39 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 			WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`, StatusAborted, reason, now, h.iid, runID)
 		return err
 	})
+}
+
+// inspectionCols are the columns of agent_tool_child_runs (as r) that
+// scanInspection reads.
+const inspectionCols = `r.run_id, r.request_id, r.status, r.summary, r.output_json, r.error_message, r.started_at, r.completed_at,
+	r.progress_json, r.last_signal_at`
+
+// scanInspection reads a child's record of a run (inspectionCols).
+func scanInspection(row interface{ Scan(...any) error }) (*Inspection, error) {
+	var in Inspection
+	var req, summary, output, errMsg, progress sql.NullString
+	var started int64
+	var completed, signal sql.NullInt64
+	if err := row.Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed, &progress, &signal); err != nil {
+		return nil, err
+	}
+	in.RequestID, in.Summary, in.Error = req.String, summary.String, errMsg.String
+	if output.Valid {
+		in.Output = json.RawMessage(output.String)
+	}
+	in.StartedAt = time.UnixMilli(started)
+	if completed.Valid {
+		t := time.UnixMilli(completed.Int64)
+		in.CompletedAt = &t
+	}
+	if progress.Valid {
+		in.Progress = json.RawMessage(progress.String)
+	}
+	if signal.Valid {
+		t := time.UnixMilli(signal.Int64)
+		in.LastSignalAt = &t
+	}
+	return &in, nil
 }
 
 // childRunRef is a run this instance was executing as a child: its id and

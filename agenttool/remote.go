@@ -106,14 +106,12 @@ func (h *host) remote(child agent.Path) Remote {
 // remoteInspection reads a child's record of a run from the database; nil
 // when the child has none.
 func (h *host) remoteInspection(ctx context.Context, child agent.Path, runID string) (*Inspection, error) {
-	var in Inspection
-	var req, summary, output, errMsg sql.NullString
-	var started int64
-	var completed sql.NullInt64
+	var in *Inspection
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		return tx.QueryRow(ctx, `SELECT r.run_id, r.request_id, r.status, r.summary, r.output_json, r.error_message, r.started_at, r.completed_at
-			FROM agent_tool_child_runs r JOIN instances i ON i.id = r.instance_id WHERE i.path = ? AND r.run_id = ?`, child.String(), runID).
-			Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed)
+		var err error
+		in, err = scanInspection(tx.QueryRow(ctx, `SELECT `+inspectionCols+`
+			FROM agent_tool_child_runs r JOIN instances i ON i.id = r.instance_id WHERE i.path = ? AND r.run_id = ?`, child.String(), runID))
+		return err
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
@@ -121,16 +119,7 @@ func (h *host) remoteInspection(ctx context.Context, child agent.Path, runID str
 	if err != nil {
 		return nil, fmt.Errorf("agenttool: inspect remote child run: %w", err)
 	}
-	in.RequestID, in.Summary, in.Error = req.String, summary.String, errMsg.String
-	if output.Valid {
-		in.Output = json.RawMessage(output.String)
-	}
-	in.StartedAt = time.UnixMilli(started)
-	if completed.Valid {
-		t := time.UnixMilli(completed.Int64)
-		in.CompletedAt = &t
-	}
-	return &in, nil
+	return in, nil
 }
 
 // runRemote dispatches a recorded run to a child on another node and, for
