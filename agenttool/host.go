@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/diag"
 	"github.com/agentry/agentry/store"
 )
@@ -149,6 +150,11 @@ func hostOf(a agent.Agent) (*host, error) {
 // StartLayer prepares the tables and resumes this instance's child runs.
 func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	if err := h.rt.Migrate(ctx, "agenttool", migrations); err != nil {
+		return err
+	}
+	// A run's terminal write and a connect replay read the children's
+	// streams, whose instances may not have hydrated in this process.
+	if err := chat.Migrate(ctx, h.rt); err != nil {
 		return err
 	}
 	h.iid = h.b.InstanceID()

@@ -276,8 +276,13 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			var res Result
 			var err error
 			if lim.collectOnly {
+				release, ok := h.claimRun(p.row.RunID)
+				if !ok {
+					return // followed by a re-dispatch meanwhile
+				}
 				res, err = h.finish(ctx, p.row, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
 					Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, h.forwardStored(ctx, p.row, p.ch.runChunks(ctx, p.row.RunID)))
+				release()
 			} else {
 				res, err = h.await(ctx, p.row, p.child, p.cr, lim)
 			}
@@ -296,6 +301,11 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 // recoveredRow finalizes one row during recovery and reports it on the
 // agentTool channel with its typed reason.
 func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, res Result, mark int) {
+	release, ok := h.claimRun(row.RunID)
+	if !ok {
+		return // followed by a re-dispatch meanwhile, which records its end
+	}
+	defer release()
 	if res.Reason == ReasonRecoveryDeadline {
 		h.publish(ctx, "recovery:deadline", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
 			"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
@@ -308,6 +318,29 @@ func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, re
 	h.publish(ctx, "recovery:row", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
 		"status": string(stored.Status), "reason": string(stored.Reason), "error": stored.Error,
 		"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
+}
+
+// claimRun makes the recovery the follower of a run while it records the
+// run's end, unless a caller follows the run already (a re-dispatch of its
+// id, which then records the end itself). While claimed, a re-dispatch
+// waits for the recorded end instead of following the run with the marks
+// it read before. release ends the claim.
+func (h *host) claimRun(runID string) (release func(), ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, busy := h.live[runID]; busy {
+		return nil, false
+	}
+	lr := &liveRun{cancel: func(error) {}, done: make(chan struct{})}
+	h.live[runID] = lr
+	return func() {
+		h.mu.Lock()
+		if h.live[runID] == lr {
+			delete(h.live, runID)
+		}
+		h.mu.Unlock()
+		close(lr.done)
+	}, true
 }
 
 // awaitStart registers a recovered run whose child never started it: a

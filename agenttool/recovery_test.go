@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -1440,4 +1441,71 @@ func TestRecoverChildFramesStayAttributed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ---------------------------------------------------------------------------
+// A recovery that gives a run up without inspecting its child (here the
+// inspection times out) still numbers the terminal event after the chunks
+// of the child's stream stored before it, and sends those first: a client
+// may have seen them (a connect replay reads a run in flight from its
+// child), and the reference's terminal = 1 would reuse their sequences.
+
+func TestRecoverGiveUpNumbersAfterStoredChunks(t *testing.T) {
+	k := newRecKit()
+	defer close(k.block)
+	e := recStart(t, k, "")
+	p := e.parent(t, "RecParent", "p")
+	now := e.clock.Now()
+	recSeed(t, e.RT.DB(), p, "g1", "RecBlocking", now)
+	bodies := []string{`{"type":"start","messageId":"m-g1"}`, `{"type":"start-step"}`,
+		`{"type":"text-start","id":"t1"}`, `{"type":"text-delta","id":"t1","delta":"half"}`}
+	ctx := recCtx(t)
+	child := agent.BaseOf(p).Path().Child("RecBlocking", "g1").String()
+	err := e.RT.DB().Update(ctx, func(tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO instances (path, class, name, parent_id, created_at) VALUES (?, 'RecBlocking', 'g1', ?, ?)`,
+			child, agent.BaseOf(p).InstanceID(), now.UnixMilli()); err != nil {
+			return err
+		}
+		var cid int64
+		if err := tx.QueryRow(ctx, `SELECT id FROM instances WHERE path = ?`, child).Scan(&cid); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO agent_tool_child_runs (instance_id, run_id, request_id, status, started_at) VALUES (?, 'g1', 'st-g1', 'running', ?)`,
+			cid, now.UnixMilli()); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO chat_streams (instance_id, id, message_id, status, created_at, retain, next_seq) VALUES (?, 'st-g1', 'm-g1', 'streaming', ?, 1, ?)`,
+			cid, now.UnixMilli(), len(bodies)); err != nil {
+			return err
+		}
+		for i, b := range bodies {
+			if _, err := tx.Exec(ctx, `INSERT INTO chat_chunks (instance_id, stream_id, seq, body) VALUES (?, 'st-g1', ?, ?)`, cid, i, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = recRehydrate(t, e, p)
+	e.recBudget(t, 1, 2*time.Second) // the child's hydration blocks: the inspection times out
+	e.ev.wait(t, "recovery:complete", "")
+	recCheckInterrupted(t, recRun(t, p, "g1"), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
+	check := func(who string, fs []agenttool.Frame) {
+		t.Helper()
+		var got []string
+		for _, f := range fs {
+			got = append(got, fmt.Sprintf("%d %s %s", f.Sequence, f.Event.Kind, f.Event.Body))
+		}
+		want := []string{"0 started "}
+		for i, b := range bodies {
+			want = append(want, fmt.Sprintf("%d chunk %s", i+1, b))
+		}
+		want = append(want, fmt.Sprintf("%d interrupted ", len(bodies)+1))
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: frames\n%s\nwant\n%s", who, strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	}
+	check("a connect replay", recDial(t, e, "RecParent", "p").terminal("g1"))
 }

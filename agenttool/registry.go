@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/agentry/agentry/agent"
@@ -232,17 +233,65 @@ func (h *host) markRunning(ctx context.Context, runID string) error {
 
 // writeTerminal is the guarded terminal write: it never replaces a hard
 // terminal, and records the child-stream mark of this terminal event. It
-// reports whether it won.
-func (h *host) writeTerminal(ctx context.Context, runID string, res Result, mark int) (bool, []int, error) {
+// reports whether it won, and returns the chunks of the run's stream from
+// mark on that were stored before it.
+//
+// The mark is at least the child's next stream sequence as stored: a
+// terminal event is numbered after every chunk of the run's stream that
+// was committed before it, since a client may have seen any of those (a
+// connect replay reads a run in flight from its child, ahead of what the
+// parent forwarded). The caller's mark can be behind that (a recovery that
+// could not inspect the child, a follower that had not been handed the
+// last commit yet); the stored stream is read in the same transaction, and
+// the chunks the caller did not forward are returned for it to send
+// before the terminal event.
+func (h *host) writeTerminal(ctx context.Context, row runRow, res Result, mark int) (bool, []int, []chunk, error) {
 	var won bool
 	var marks []int
+	var late []chunk
 	now := h.rt.Clock().Now().UnixMilli()
+	child := h.b.Path().Child(row.AgentType, row.RunID).String()
+	from := mark
+	if n := len(row.marks); n > 0 {
+		from = max(from, row.marks[n-1]) // sent before the run's last terminal
+	}
 	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		var err error
-		won, marks, err = writeTerminalTx(ctx, tx, h.iid, runID, res, mark, now)
+		if late, err = storedStreamFrom(ctx, tx, child, row.RunID, from); err != nil {
+			return err
+		}
+		if n := len(late); n > 0 {
+			mark = late[n-1].seq + 1
+		}
+		won, marks, err = writeTerminalTx(ctx, tx, h.iid, row.RunID, res, mark, now)
 		return err
 	})
-	return won, marks, err
+	return won, marks, late, err
+}
+
+// storedStreamFrom returns the stored chunks with a sequence from seq on
+// of the stream of run runID of the child instance at path child (its
+// turn's and its continuations'), in order.
+func storedStreamFrom(ctx context.Context, tx store.Tx, child, runID string, seq int) ([]chunk, error) {
+	rows, err := tx.Query(ctx, `SELECT ch.seq, ch.body FROM instances i
+		JOIN agent_tool_child_runs c ON c.instance_id = i.id AND c.run_id = ?
+		JOIN chat_streams s0 ON s0.instance_id = i.id AND s0.id = c.request_id
+		JOIN chat_streams s ON s.instance_id = i.id AND s.message_id = s0.message_id AND s.retain = 1
+		JOIN chat_chunks ch ON ch.instance_id = i.id AND ch.stream_id = s.id
+		WHERE i.path = ? AND ch.seq >= ? ORDER BY ch.seq`, runID, child, seq)
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: read the run's stored stream: %w", err)
+	}
+	defer rows.Close()
+	var out []chunk
+	for rows.Next() {
+		var c chunk
+		if err := rows.Scan(&c.seq, &c.body); err != nil {
+			return nil, fmt.Errorf("agenttool: read the run's stored stream: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 // writeTerminalTx is writeTerminal's writes in tx, on the registry of the

@@ -3,6 +3,7 @@ package agenttool
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 
@@ -236,22 +237,33 @@ func (h *host) liveChunksOf(ctx context.Context, r runRow) ([]chunk, *host) {
 	return out, ch
 }
 
-// compact drops the progress snapshots a replay does not need: only the
-// latest progress chunk of a run is kept (milestones and content are all
-// kept).
+// compact drops what a replay does not need: the progress snapshots but
+// the latest of a run (milestones and content are all kept), and the
+// message-metadata chunks whose every field a later message-metadata or
+// finish chunk of the run sets again (a client merges metadata deeply, so
+// the message ends with the same metadata without them: the usage a turn
+// streams after each step is superseded by its finish).
 func compact(chunks []chunk) []chunk {
 	last := -1
+	meta := false
 	for i, c := range chunks {
-		if isProgress(c.body) {
+		switch {
+		case isProgress(c.body):
 			last = i
+		case isMetadata(c.body):
+			meta = true
 		}
 	}
-	if last < 0 {
+	if last < 0 && !meta {
 		return chunks
+	}
+	var drop map[int]bool
+	if meta {
+		drop = supersededMetadata(chunks)
 	}
 	out := make([]chunk, 0, len(chunks))
 	for i, c := range chunks {
-		if isProgress(c.body) && i != last {
+		if (isProgress(c.body) && i != last) || drop[i] {
 			continue
 		}
 		out = append(out, c)
@@ -261,4 +273,109 @@ func compact(chunks []chunk) []chunk {
 
 func isProgress(body string) bool {
 	return strings.HasPrefix(body, `{"type":"data-agent-progress"`)
+}
+
+func isMetadata(body string) bool {
+	return strings.HasPrefix(body, `{"type":"message-metadata"`)
+}
+
+// supersededMetadata returns the positions of the message-metadata chunks
+// that later metadata covers. It walks back from the end, holding the
+// union of the metadata seen so far.
+func supersededMetadata(chunks []chunk) map[int]bool {
+	var later coverage
+	var drop map[int]bool
+	for i := len(chunks) - 1; i >= 0; i-- {
+		body := chunks[i].body
+		if !isMetadata(body) && !strings.HasPrefix(body, `{"type":"finish"`) {
+			continue
+		}
+		var ch struct {
+			Type            string          `json:"type"`
+			MessageMetadata json.RawMessage `json:"messageMetadata"`
+		}
+		if json.Unmarshal([]byte(body), &ch) != nil || len(ch.MessageMetadata) == 0 {
+			continue
+		}
+		var md any
+		if json.Unmarshal(ch.MessageMetadata, &md) != nil {
+			continue
+		}
+		if ch.Type == "message-metadata" && later.covers(md) {
+			if drop == nil {
+				drop = map[int]bool{}
+			}
+			drop[i] = true
+			continue
+		}
+		later = later.add(md)
+	}
+	return drop
+}
+
+// coverage is the union of the metadata objects that come later in a
+// stream: for each field, nil if some later chunk sets it to a value that
+// is not an object (that value wins, whatever came before), or the
+// coverage of its fields if every later chunk that sets it sets an object
+// (merged field by field).
+type coverage map[string]coverage
+
+// whole marks a field that a later chunk replaces outright.
+var whole = coverage(nil)
+
+// covers reports whether a deep merge of the later metadata over md
+// leaves no field of md visible: every field of md is set again later.
+func (c coverage) covers(md any) bool {
+	obj, ok := md.(map[string]any)
+	if !ok {
+		return false // not an object: the client merges nothing from it
+	}
+	for k, v := range obj {
+		sub, set := c[k]
+		if !set {
+			return false
+		}
+		if sub == nil {
+			continue // replaced outright later
+		}
+		if _, isObj := v.(map[string]any); !isObj {
+			// Set later to an object only: this value resets what came
+			// before it, which the later object would merge into.
+			return false
+		}
+		if !sub.covers(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// add returns c with md's fields added (md is earlier than what c holds,
+// so where c replaces a field outright it stays so).
+func (c coverage) add(md any) coverage {
+	obj, ok := md.(map[string]any)
+	if !ok {
+		return c
+	}
+	if c == nil {
+		c = coverage{}
+	}
+	for k, v := range obj {
+		sub, set := c[k]
+		switch {
+		case set && sub == nil:
+			// replaced outright by a later chunk
+		case set:
+			if inner, isObj := v.(map[string]any); isObj {
+				c[k] = sub.add(inner)
+			}
+		default:
+			if inner, isObj := v.(map[string]any); isObj {
+				c[k] = coverage{}.add(inner)
+			} else {
+				c[k] = whole
+			}
+		}
+	}
+	return c
 }

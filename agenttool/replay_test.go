@@ -45,7 +45,7 @@ func TestReplayMatchesLive(t *testing.T) {
 	fresh := dial(t, env, "assistant/p41")
 	rfs := framesOf(fresh.waitFrames(ctx, "replay terminal", terminated("r")), "r")
 	checkSequences(t, rfs)
-	jsonEq(t, keys(rfs), keys(lfs))
+	jsonEq(t, keys(rfs), keys(replayOf(lfs)))
 	for _, f := range rfs {
 		if !f.Replay || f.ParentToolCallID != "call_1" {
 			t.Fatalf("replay frame %+v", f)
@@ -91,11 +91,11 @@ func TestConnectDuringRun(t *testing.T) {
 	if res := recv(t, ctx, out); res.Status != agenttool.StatusCompleted {
 		t.Fatalf("result %+v", res)
 	}
-	want := keys(framesOf(before.waitFrames(ctx, "terminal", terminated("m")), "m"))
+	want := keys(replayOf(framesOf(before.waitFrames(ctx, "terminal", terminated("m")), "m")))
 	for i, c := range during {
 		fs := framesOf(c.waitFrames(ctx, "terminal", terminated("m")), "m")
 		checkSequences(t, fs)
-		jsonEq(t, keys(fs), want)
+		jsonEq(t, keys(replayOf(fs)), want)
 		if !fs[0].Replay || fs[len(fs)-1].Replay {
 			t.Fatalf("connection %d: want replay first and live last:\n%s", i, dumpFrames(fs))
 		}
@@ -141,10 +141,10 @@ func TestConnectDuringRunStress(t *testing.T) {
 			}
 			// A client connected before the run started sees it all live.
 			checkSequences(t, fs)
-			if got := keys(fs); len(got) != len(want) {
+			if got := keys(replayOf(fs)); len(got) != len(want) {
 				t.Fatalf("client %d run %s: %d frames, want %d:\n%s", j, id, len(got), len(want), dumpFrames(fs))
 			}
-			jsonEq(t, keys(fs), want)
+			jsonEq(t, keys(replayOf(fs)), want)
 		}
 	}
 }

@@ -411,6 +411,17 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		h.mu.Unlock()
 		close(lr.done)
 	}()
+	if ctx.Value(preKey{}) == nil {
+		// A re-attach: its row was read before it registered here, and a
+		// terminal written meanwhile (a recovery's give-up) moved the
+		// run's marks, which number what it forwards.
+		if fresh, ok, err := h.readRun(context.WithoutCancel(ctx), row.RunID); err == nil && ok {
+			if fresh.Status.Hard() {
+				return fresh.Result(), nil
+			}
+			row.marks = fresh.marks
+		}
+	}
 
 	cb, ok := chatOf(child)
 	if !ok {
@@ -751,9 +762,15 @@ func (h *host) finish(ctx context.Context, row runRow, res Result, mark int) (Re
 		}
 		h.mu.Unlock()
 	}()
-	won, marks, err := h.writeTerminal(ctx, row.RunID, res, mark)
+	won, marks, late, err := h.writeTerminal(ctx, row, res, mark)
 	if err != nil {
 		return res, fmt.Errorf("agenttool: record result: %w", err)
+	}
+	if won {
+		// Stored before the terminal but not forwarded: sent before it.
+		for _, c := range late {
+			h.current().broadcast(row.ParentToolCallID, eventSeq(c.seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.body})
+		}
 	}
 	return h.finished(ctx, row, res, won, marks)
 }

@@ -79,11 +79,19 @@ type core struct {
 	wakeCleared   bool
 }
 
+// Migrate applies the chat layer's schema to rt's database, once per
+// runtime (a chat instance's hydration does it too). Layers that read the
+// chat tables of instances that may not have hydrated yet, as agent tools
+// read their children's streams, call it first.
+func Migrate(ctx context.Context, rt *agent.Runtime) error {
+	return rt.Migrate(ctx, "chat", migrations)
+}
+
 // StartLayer loads the transcript and resumes unfinished turns. The runtime
 // calls it on hydration.
 func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 	rt := b.Runtime()
-	if err := rt.Migrate(ctx, "chat", migrations); err != nil {
+	if err := Migrate(ctx, rt); err != nil {
 		return err
 	}
 	c := &core{
