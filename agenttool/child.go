@@ -292,6 +292,18 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 	}
 }
 
+// arm gives a run that has not ended a fuse for parent, which re-attaches
+// to it: a run started before a restart has none, and its end can still
+// write the parent's terminal row in its own commit.
+func (h *host) arm(cr *childRun, parent *host) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if cr.fuse != nil || cr.ended != nil || cr.pending != nil {
+		return
+	}
+	cr.fuse = &parentFuse{parent: parent, runID: cr.runID}
+}
+
 // disarm tells a run's fuse that its parent stops waiting. It reports
 // whether the child's end claimed the fuse first: the parent then waits for
 // the run's end and takes the fused result.

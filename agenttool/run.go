@@ -422,6 +422,10 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 			row.marks = fresh.marks
 		}
 	}
+	ch, _ := hostOf(child)
+	if ctx.Value(preKey{}) == nil && ch != nil {
+		ch.arm(cr, h)
+	}
 
 	cb, ok := chatOf(child)
 	if !ok {
@@ -457,7 +461,6 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	usage := newUsageWatch(row.TokenBudget)
 	stopUsage := usage.relay(ctx, row.RunID)
 	defer stopUsage()
-	ch, _ := hostOf(child)
 	// The run's turn, and what it waits for (waiting.go): a run that
 	// waits for input goes on with a continuation turn, whose stream
 	// continues the run's sequence.
