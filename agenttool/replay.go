@@ -68,7 +68,19 @@ func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, map[string]bool) {
 	sent := map[string]int64{}
 	active := map[string]bool{}
-	runs, err := h.listRuns(ctx, "")
+	// The runs and their stored chunks are read in one snapshot: a
+	// terminal written in between would renumber the chunks stored after
+	// its mark.
+	var runs []runRow
+	var stored map[string][]chunk
+	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		if runs, err = h.queryRuns(ctx, tx, ""); err != nil || len(runs) == 0 {
+			return err
+		}
+		stored, err = h.storedChunks(ctx, tx)
+		return err
+	})
 	if err != nil {
 		h.b.Logger().Error("agenttool: replay", "err", err)
 		return sent, active
@@ -86,10 +98,6 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 	h.mu.Unlock()
 	if len(runs) == 0 {
 		return sent, active
-	}
-	stored, err := h.storedChunks(ctx)
-	if err != nil {
-		h.b.Logger().Error("agenttool: replay chunks", "err", err)
 	}
 	for _, r := range runs {
 		send := func(seq int64, ev Event) {
@@ -132,9 +140,9 @@ type chunk struct {
 
 // storedChunks reads the stored stream chunks of every child run of this
 // parent in one query.
-func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
+func (h *host) storedChunks(ctx context.Context, tx store.Tx) (map[string][]chunk, error) {
 	out := map[string][]chunk{}
-	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
+	err := func() error {
 		// A run's stream is its turn's, and those of the continuations
 		// that its waits for input led to (they write the same message and
 		// continue its sequence).
@@ -158,7 +166,7 @@ func (h *host) storedChunks(ctx context.Context) (map[string][]chunk, error) {
 			out[run] = append(out[run], c)
 		}
 		return rows.Err()
-	})
+	}()
 	// Without an ORDER BY (which made SQLite sort every chunk of every
 	// run in a temporary B-tree), the rows come in the primary key's
 	// order per child; a run whose rows did not is sorted here.
