@@ -37,8 +37,8 @@ func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	if !ok {
 		return
 	}
-	// The replay read the chunks of runs in flight from their children,
-	// which can be ahead of what the parent has forwarded so far: live
+	// The replay read the chunks of runs in flight as stored, which can
+	// be ahead of what the parent has forwarded so far: live
 	// frames up to the replayed sequence are dropped for this connection
 	// until the forwarder passes it.
 	// So are the frames of a run awaited here whose end is stored but
@@ -112,7 +112,7 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 		chunks := stored[r.RunID]
 		var waiting []chat.WaitingCall
 		if r.Status.Active() {
-			chunks, waiting = h.liveChunks(ctx, r)
+			waiting = h.residentWaiting(r)
 			active[r.RunID] = true
 		}
 		for _, c := range compact(chunks) {
@@ -180,69 +180,21 @@ func (h *host) storedChunks(ctx context.Context, tx store.Tx) (map[string][]chun
 
 func byChunkSeq(a, b chunk) int { return cmp.Compare(a.seq, b.seq) }
 
-// liveChunks reads the chunks of a run in flight from its child, unflushed
-// ones included, and what the run waits for, if it waits.
-func (h *host) liveChunks(ctx context.Context, r runRow) ([]chunk, []chat.WaitingCall) {
-	chunks, ch := h.liveChunksOf(ctx, r)
-	if ch == nil {
-		return chunks, nil
-	}
-	return chunks, ch.waitingOf(r.RunID)
-}
-
-func (h *host) liveChunksOf(ctx context.Context, r runRow) ([]chunk, *host) {
-	child, err := h.rt.Get(ctx, h.b.Path().Child(r.AgentType, r.RunID))
-	if err != nil {
-		return nil, nil
+// residentWaiting returns what a run in flight waits for, if it waits,
+// from its child if that is in memory (a child waiting for input stays
+// resident). A replay does not wake children: their committed chunks are
+// all in the snapshot it read, and one whose hydration is slow must not
+// hold up the connection.
+func (h *host) residentWaiting(r runRow) []chat.WaitingCall {
+	child, ok := h.rt.Lookup(h.b.Path().Child(r.AgentType, r.RunID))
+	if !ok {
+		return nil
 	}
 	ch, err := hostOf(child)
 	if err != nil {
-		return nil, nil
+		return nil
 	}
-	insp, err := ch.inspectChild(ctx, r.RunID)
-	if err != nil || insp == nil || insp.RequestID == "" {
-		return nil, nil
-	}
-	cb, ok := chatOf(child)
-	if !ok {
-		return nil, nil
-	}
-	// The turns its waits for input ended (stored), then the current one
-	// (live chunks included).
-	var out []chunk
-	err = h.rt.DB().View(ctx, func(tx store.Tx) error {
-		rows, err := tx.Query(ctx, `SELECT ch.seq, ch.body FROM chat_streams s0
-			JOIN chat_streams s ON s.instance_id = s0.instance_id AND s.message_id = s0.message_id AND s.retain = 1 AND s.id <> s0.id
-			JOIN chat_chunks ch ON ch.instance_id = s.instance_id AND ch.stream_id = s.id
-			WHERE s0.instance_id = ? AND s0.id = ? ORDER BY ch.seq`, ch.iid, insp.RequestID)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var c chunk
-			if err := rows.Scan(&c.seq, &c.body); err != nil {
-				return err
-			}
-			out = append(out, c)
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, nil
-	}
-	after := -1
-	if n := len(out); n > 0 {
-		after = out[n-1].seq
-	}
-	list, err := cb.StreamChunks(ctx, insp.RequestID, after)
-	if err != nil {
-		return nil, nil
-	}
-	for _, c := range list {
-		out = append(out, chunk{seq: c.Seq, body: c.Body})
-	}
-	return out, ch
+	return ch.waitingOf(r.RunID)
 }
 
 // compact drops what a replay does not need: the progress snapshots but
