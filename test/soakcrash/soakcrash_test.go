@@ -60,6 +60,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -642,6 +643,28 @@ func TestSoak(t *testing.T) {
 			if i < 3 {
 				fmt.Fprintf(&b, "\n  %s %s seq %s:\n    %s: %s\n    %s: %s", c.key.parent, c.key.run, c.key.seq,
 					c.first.where, short(c.first.event), c.second.where, short(c.second.event))
+			}
+		}
+		// The first run's whole timeline as first seen, and its other
+		// versions, to show where the two diverge.
+		first := s.conflicts[0].key
+		var seqs []int
+		for k := range s.events {
+			if k.parent == first.parent && k.run == first.run {
+				n, _ := strconv.Atoi(k.seq)
+				seqs = append(seqs, n)
+			}
+		}
+		slices.Sort(seqs)
+		fmt.Fprintf(&b, "\n  %s %s as first seen:", first.parent, first.run)
+		for _, n := range seqs {
+			k := seqKey{first.parent, first.run, strconv.Itoa(n)}
+			fmt.Fprintf(&b, "\n    %d %s: %s", n, s.events[k].where, short(s.events[k].event))
+			for _, c := range s.conflicts {
+				if c.key == k {
+					fmt.Fprintf(&b, "\n       else %s: %s", c.second.where, short(c.second.event))
+					break
+				}
 			}
 		}
 		t.Errorf("(a) %d (run, sequence) pairs of %d runs were delivered with two different events; e.g.%s", n, len(runs), b.String())
