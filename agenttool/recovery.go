@@ -323,15 +323,15 @@ func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, re
 // claimRun makes the recovery the follower of a run while it records the
 // run's end, unless a caller follows the run already (a re-dispatch of its
 // id, which then records the end itself). While claimed, a re-dispatch
-// waits for the recorded end instead of following the run with the marks
-// it read before. release ends the claim.
+// waits for the recorded end before it re-attaches, instead of following
+// the run with the marks it read before. release ends the claim.
 func (h *host) claimRun(runID string) (release func(), ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, busy := h.live[runID]; busy {
 		return nil, false
 	}
-	lr := &liveRun{cancel: func(error) {}, done: make(chan struct{})}
+	lr := &liveRun{cancel: func(error) {}, done: make(chan struct{}), giveUp: true}
 	h.live[runID] = lr
 	return func() {
 		h.mu.Lock()

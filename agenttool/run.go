@@ -20,6 +20,9 @@ import (
 type liveRun struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{}
+	// giveUp marks a recovery recording the run's give-up (claimRun): a
+	// dispatch of the run id waits for it, then re-attaches to the run.
+	giveUp bool
 }
 
 // RunAgentTool runs the chat agent class as a child of parent and waits
@@ -327,7 +330,7 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	h.mu.Lock()
 	other, busy := h.live[row.RunID]
 	h.mu.Unlock()
-	if busy {
+	if busy && !other.giveUp {
 		return h.waitLive(ctx, other, row.RunID)
 	}
 	if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
@@ -397,14 +400,25 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lr := &liveRun{cancel: cancel, done: make(chan struct{})}
-	h.mu.Lock()
-	if other, ok := h.live[row.RunID]; ok && other != ctx.Value(preKey{}) {
-		// Another caller already awaits this run: wait for its result.
+	for {
+		h.mu.Lock()
+		other, ok := h.live[row.RunID]
+		if !ok || other == ctx.Value(preKey{}) {
+			h.live[row.RunID] = lr
+			h.mu.Unlock()
+			break
+		}
 		h.mu.Unlock()
-		return h.waitLive(ctx, other, row.RunID)
+		if !other.giveUp {
+			// Another caller already awaits this run: wait for its result.
+			return h.waitLive(ctx, other, row.RunID)
+		}
+		// A recovery is recording a give-up: once it has, this re-attach
+		// repairs the run (its row is read again below).
+		if _, err := h.waitLive(ctx, other, row.RunID); err != nil {
+			return Result{}, err
+		}
 	}
-	h.live[row.RunID] = lr
-	h.mu.Unlock()
 	defer func() {
 		h.mu.Lock()
 		delete(h.live, row.RunID)
