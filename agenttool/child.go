@@ -407,8 +407,37 @@ func (h *host) watchRun(cr *childRun) {
 	release := h.b.KeepAlive()
 	h.rt.Go(func(ctx context.Context) {
 		defer release()
+		stop := h.hintChunks(ctx, cr)
 		h.watch(ctx, cr)
+		stop()
+		if ctx.Err() == nil {
+			h.hintParent() // the run's end is committed
+		}
 	})
+}
+
+// hintChunks hints a parent on another node after each committed chunk of
+// the run's turn (see Hints), until stop is called.
+func (h *host) hintChunks(ctx context.Context, cr *childRun) (stop func()) {
+	hs := h.hints()
+	p := h.b.Path().Parent()
+	if hs == nil || h.rt.Placement() == nil || p == nil || h.rt.Owns(p) {
+		return func() {}
+	}
+	cb, ok := chatOf(h.a)
+	if !ok {
+		return func() {}
+	}
+	h.mu.Lock()
+	streamID := cr.streamID
+	h.mu.Unlock()
+	self := h.b.Path()
+	// Hint never blocks, as FollowStream's callback must not.
+	stop, err := cb.FollowStream(ctx, streamID, -1, func(int, string) { hs.Hint(self) })
+	if err != nil {
+		return func() {}
+	}
+	return stop
 }
 
 // watch waits for the run's turn and records its end.
