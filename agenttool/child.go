@@ -616,11 +616,15 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 	}
 	// Not running here: record the end directly.
 	now := h.rt.Clock().Now().UnixMilli()
-	return h.b.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, error_message = ?, completed_at = ?
 			WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`, StatusAborted, reason, now, h.iid, runID)
 		return err
 	})
+	if err == nil {
+		h.hintParent()
+	}
+	return err
 }
 
 // inspectionCols are the columns of agent_tool_child_runs (as r) that

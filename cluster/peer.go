@@ -66,10 +66,11 @@ func (p *Peer) Hint(child agent.Path) {
 	}
 }
 
-// Watch watches the hints for child (agenttool.Hints); without Hints, or
-// while no connection listens, it returns no channel.
+// Watch watches the hints for child (agenttool.Hints); without Hints it
+// returns no channel. While the listening connection is down no hint
+// arrives, and its reconnection wakes every watcher.
 func (p *Peer) Watch(child agent.Path) (<-chan struct{}, func()) {
-	if p.Hints == nil || !p.Hints.Listening() {
+	if p.Hints == nil {
 		return nil, func() {}
 	}
 	return p.Hints.Watch(child)
