@@ -434,6 +434,7 @@ func TestRemoteHintsWakeFollowers(t *testing.T) {
 		t.Fatalf("fan-out woken by hints: %v %v", st, err)
 	}
 	e.spread(name, "h", n, "a", "b", "c")
+	name = e.fanNameFrom("a", 100000) // a fresh finish ledger
 	done := make(chan error, 1)
 	go func() {
 		var st map[string]int
