@@ -113,12 +113,15 @@ func TestRemoteDetachedRuns(t *testing.T) {
 		t.Fatalf("detached dispatch: %v, want %d running", st, n)
 	}
 	e.spread(name, "d", n, "a", "b", "c")
-	e.until(60*time.Second, "every detached run delivered", func() bool { return e.detachedLedger(a.Host, name)["runs"] == n })
-	if fin := e.detachedLedger(a.Host, name); fin["repeated"] != 0 || fin["status:completed"] != n {
+	// The delivery is marked after OnFinish returned: wait for the marks.
+	e.until(60*time.Second, "every detached run delivered", func() bool {
+		return e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE 'd-%' AND finish_delivered_at IS NOT NULL`) == n
+	})
+	if fin := e.detachedLedger(a.Host, name); fin["repeated"] != 0 || fin["status:completed"] != n || fin["runs"] != n {
 		t.Errorf("detached ledger %v, want %d completed once each", fin, n)
 	}
-	if got := e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE 'd-%' AND status = 'completed' AND finish_delivered_at IS NOT NULL`); got != n {
-		t.Errorf("%d of %d runs completed and delivered", got, n)
+	if got := e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE 'd-%' AND status = 'completed'`); got != n {
+		t.Errorf("%d of %d runs completed", got, n)
 	}
 
 	// Cancel: a Prog child on c (about 1.5 s of work) is aborted by its
@@ -312,12 +315,13 @@ func TestRemoteProgressReachesParent(t *testing.T) {
 // TestRemoteDrillIn opens a child's routes through a node that owns
 // neither the child (c) nor its parent (a): the parent's OnBeforeSubAgent
 // decides, over a node-to-node call, and an admitted client sees the
-// child's transcript over HTTP and its socket. The node-to-node calls
+// child's transcript over HTTP and its socket, and the live stream of a
+// run in flight. The node-to-node calls
 // refuse requests without the cluster's secret and answer bad input with
 // 400.
 func TestRemoteDrillIn(t *testing.T) {
 	e := newEnv(t)
-	_, b, c := e.three()
+	_, b, c := e.three("-step", "1s")
 	name := e.fanName("a")
 	run := e.tagOn(name, "Worker", "di", "c") + "-0"
 	var res map[string]any
@@ -358,6 +362,55 @@ func TestRemoteDrillIn(t *testing.T) {
 			}
 			break
 		}
+	}
+	ws.Close(websocket.StatusNormalClosure, "")
+
+	// A run streaming on c (a detached Prog child, about 5 s of steps):
+	// the admitted socket gets its live stream.
+	tag := e.tagOn(name, "Prog", "ds", "c")
+	var st map[string]int
+	if err := get(t, b.Host, fmt.Sprintf("/agents/fan/%s/detached?n=1&tag=%s&class=Prog", name, tag), &st); err != nil || st["running"] != 1 {
+		t.Fatalf("detached dispatch: %v %v", st, err)
+	}
+	live := "ws://" + b.Host + "/agents/fan/" + name + "/sub/prog/" + tag + "-0?drill=yes"
+	ws, _, err = websocket.Dial(ctx, live, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	ws.SetReadLimit(-1)
+	var stream strings.Builder
+	for done := false; !done; {
+		_, data, err := ws.Read(ctx)
+		if err != nil {
+			t.Fatalf("the child's socket ended before its stream did: %v", err)
+		}
+		var f struct {
+			Type string `json:"type"`
+			ID   string `json:"id"`
+			Body string `json:"body"`
+			Done bool   `json:"done"`
+		}
+		if json.Unmarshal(data, &f) != nil {
+			continue
+		}
+		switch f.Type {
+		case "cf_agent_stream_resuming":
+			ack, _ := json.Marshal(map[string]string{"type": "cf_agent_stream_resume_ack", "id": f.ID})
+			if err := ws.Write(ctx, websocket.MessageText, ack); err != nil {
+				t.Fatal(err)
+			}
+		case "cf_agent_use_chat_response":
+			stream.WriteString(f.Body)
+			done = f.Done
+		case "cf_agent_chat_messages":
+			if strings.Contains(string(data), "finished the work") && stream.Len() == 0 {
+				t.Fatalf("the run ended before the socket connected: the test's child is too fast")
+			}
+		}
+	}
+	if !strings.Contains(stream.String(), "finished the work") || !strings.Contains(stream.String(), "data-agent-milestone") {
+		t.Errorf("the child's stream through b: %s", stream.String())
 	}
 	ws.Close(websocket.StatusNormalClosure, "")
 
