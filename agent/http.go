@@ -44,10 +44,16 @@ func (rt *Runtime) ServeInstance(w http.ResponseWriter, r *http.Request, path Pa
 // CheckSubAgent asks the parent at path.Parent() whether a client may reach
 // the sub-agent at path, through its OnBeforeSubAgent hook. A nil error
 // admits the request. The parent is hydrated; the child is not touched.
+// In a cluster, a parent on another node is asked there (RemoteGate).
 func (rt *Runtime) CheckSubAgent(ctx context.Context, r *http.Request, path Path) error {
 	parent := path.Parent()
 	if parent == nil {
 		return nil
+	}
+	if g, ok := rt.place.(RemoteGate); ok && !rt.place.Owns(parent) {
+		// The parent lives on another node of the cluster: its owner
+		// decides.
+		return g.CheckRemoteSubAgent(ctx, r, path)
 	}
 	in, err := rt.acquire(ctx, parent)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 
 	"github.com/agentry/agentry/diag"
@@ -20,6 +21,14 @@ type Placement interface {
 	// an error aborts the transaction. It is how a node that lost the
 	// instance (even one paused past its lease) is kept from writing.
 	Fence(ctx context.Context, tx store.Tx, path Path) error
+}
+
+// RemoteGate is an optional part of a Placement: it asks the node that
+// owns a parent whether a client may reach its sub-agent at path (the
+// parent's OnBeforeSubAgent and its layers' gates), when the parent is not
+// served here. CheckSubAgent uses it.
+type RemoteGate interface {
+	CheckRemoteSubAgent(ctx context.Context, r *http.Request, path Path) error
 }
 
 // ErrNotOwner is returned for an instance that another node of the cluster

@@ -419,8 +419,37 @@ func (h *host) watchRun(cr *childRun) {
 	release := h.b.KeepAlive()
 	h.rt.Go(func(ctx context.Context) {
 		defer release()
+		stop := h.hintChunks(ctx, cr)
 		h.watch(ctx, cr)
+		stop()
+		if ctx.Err() == nil {
+			h.hintParent() // the run's end is committed
+		}
 	})
+}
+
+// hintChunks hints a parent on another node after each committed chunk of
+// the run's turn (see Hints), until stop is called.
+func (h *host) hintChunks(ctx context.Context, cr *childRun) (stop func()) {
+	hs := h.hints()
+	p := h.b.Path().Parent()
+	if hs == nil || h.rt.Placement() == nil || p == nil || h.rt.Owns(p) {
+		return func() {}
+	}
+	cb, ok := chatOf(h.a)
+	if !ok {
+		return func() {}
+	}
+	h.mu.Lock()
+	streamID := cr.streamID
+	h.mu.Unlock()
+	self := h.b.Path()
+	// Hint never blocks, as FollowStream's callback must not.
+	stop, err := cb.FollowStream(ctx, streamID, -1, func(int, string) { hs.Hint(self) })
+	if err != nil {
+		return func() {}
+	}
+	return stop
 }
 
 // watch waits for the run's turn and records its end.
@@ -599,11 +628,15 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 	}
 	// Not running here: record the end directly.
 	now := h.rt.Clock().Now().UnixMilli()
-	return h.b.DB().Update(ctx, func(tx store.Tx) error {
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET status = ?, error_message = ?, completed_at = ?
 			WHERE instance_id = ? AND run_id = ? AND completed_at IS NULL`, StatusAborted, reason, now, h.iid, runID)
 		return err
 	})
+	if err == nil {
+		h.hintParent()
+	}
+	return err
 }
 
 // inspectionCols are the columns of agent_tool_child_runs (as r) that

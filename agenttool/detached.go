@@ -158,6 +158,10 @@ func (h *host) follow(row runRow) {
 	h.rt.Go(func(ctx context.Context) {
 		defer release()
 		ctx = agent.WithAgent(ctx, h.a)
+		if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
+			h.followRemote(ctx, row, r)
+			return
+		}
 		child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 		if err != nil {
 			return
@@ -354,6 +358,10 @@ func (h *host) reconcileRun(ctx context.Context, row runRow) {
 		}
 		return
 	}
+	if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
+		h.reconcileRemote(ctx, row, r)
+		return
+	}
 	child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 	if err != nil {
 		log.Warn("agenttool: reconcile child", "run", row.RunID, "err", err)
@@ -405,7 +413,7 @@ func (h *host) reconcileRun(ctx context.Context, row runRow) {
 // giveUp interrupts a detached run past a budget and tears its child down.
 // The give-up is recorded first, so the child's aborted end that the
 // teardown causes is recognised and not delivered a second time.
-func (h *host) giveUp(ctx context.Context, row runRow, ch *host, reason Reason) {
+func (h *host) giveUp(ctx context.Context, row runRow, ch childOps, reason Reason) {
 	msg := "Detached agent tool run exceeded its maximum budget; the parent gave up."
 	if reason == ReasonNoProgress {
 		msg = "Detached agent tool run made no progress within its no-progress budget; the parent gave up."
@@ -424,6 +432,14 @@ func (h *host) giveUp(ctx context.Context, row runRow, ch *host, reason Reason) 
 	if _, err := h.finish(ctx, row, res, ch.streamNext(ctx, row.RunID)); err != nil {
 		h.b.Logger().Warn("agenttool: give up", "run", row.RunID, "err", err)
 	}
+}
+
+// childOps are what a parent's reconcile and give-up do with a run's
+// child: a *host in this process, a remoteChild on another node.
+type childOps interface {
+	cancelChildRun(ctx context.Context, runID, reason string) error
+	streamNext(ctx context.Context, runID string) int
+	milestones(ctx context.Context, runID string) ([]Milestone, error)
 }
 
 // markFinishDelivered records the finish slot delivered without a call: the

@@ -27,7 +27,9 @@ type Options struct {
 	// every child is served by this runtime.
 	Remote Remote
 	// RemotePoll is how often a parent reads the progress of a run whose
-	// child is on another node; zero means DefaultRemotePoll.
+	// child is on another node; zero means DefaultRemotePoll. When Remote
+	// also implements Hints, the follower is woken by them and polls ten
+	// times less often, as a fallback for a lost hint.
 	RemotePoll time.Duration
 }
 

@@ -46,7 +46,17 @@ func CancelAgentTool(ctx context.Context, parent agent.Agent, runID, reason stri
 		return nil
 	}
 	mark := 0
-	if child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, runID)); err == nil {
+	if r := h.remote(h.b.Path().Child(row.AgentType, runID)); r != nil {
+		// On another node: its owner aborts the run, and the child's end
+		// is read from the database before the run's is recorded.
+		rc := remoteChild{h: h, path: h.b.Path().Child(row.AgentType, runID), r: r}
+		if err := rc.cancelChildRun(ctx, runID, reason); err != nil {
+			h.b.Logger().Error("agenttool: cancel remote child", "run", runID, "err", err)
+		} else if err := rc.awaitEnd(ctx, runID, cancelWait); err != nil {
+			return fmt.Errorf("agenttool: cancel %s: %w", runID, err)
+		}
+		mark = rc.streamNext(ctx, runID)
+	} else if child, err := h.rt.Get(ctx, h.b.Path().Child(row.AgentType, runID)); err == nil {
 		if ch, err := hostOf(child); err == nil {
 			if err := ch.cancelChildRun(ctx, runID, reason); err != nil {
 				h.b.Logger().Error("agenttool: cancel child", "run", runID, "err", err)
@@ -163,7 +173,7 @@ func ClearAgentToolRuns(ctx context.Context, parent agent.Agent, opts ClearOptio
 				h.b.Logger().Error("agenttool: clear: cancel", "run", r.RunID, "err", err)
 			}
 		}
-		if err := h.b.DeleteSubAgent(ctx, r.AgentType, r.RunID); err != nil {
+		if err := h.destroyChild(ctx, r.AgentType, r.RunID); err != nil {
 			h.b.Logger().Error("agenttool: clear: delete child", "run", r.RunID, "err", err)
 		}
 		err := h.b.DB().Update(ctx, func(tx store.Tx) error {
@@ -179,6 +189,15 @@ func ClearAgentToolRuns(ctx context.Context, parent agent.Agent, opts ClearOptio
 	h.hasRuns = -1
 	h.mu.Unlock()
 	return n, nil
+}
+
+// destroyChild destroys a run's child: here, or through its owner when it
+// is on another node, which also drops it from that node's memory.
+func (h *host) destroyChild(ctx context.Context, class, runID string) error {
+	if r := h.remote(h.b.Path().Child(class, runID)); r != nil {
+		return r.DestroyChild(ctx, h.b.Path().Child(class, runID))
+	}
+	return h.b.DeleteSubAgent(ctx, class, runID)
 }
 
 // ListAgentToolRuns returns the parent's registry in start order.
@@ -221,6 +240,17 @@ func InspectAgentToolRun(ctx context.Context, parent agent.Agent, runID string) 
 	row, ok, err := h.readRun(ctx, runID)
 	if err != nil || !ok {
 		return nil, err
+	}
+	if r := h.remote(h.b.Path().Child(row.AgentType, runID)); r != nil {
+		rc := remoteChild{h: h, path: h.b.Path().Child(row.AgentType, runID), r: r}
+		in, err := h.remoteInspection(ctx, rc.path, runID)
+		if err != nil || in == nil {
+			return nil, err
+		}
+		if in.Milestones, err = rc.milestones(ctx, runID); err != nil {
+			return nil, fmt.Errorf("agenttool: inspect remote child run: %w", err)
+		}
+		return in, nil
 	}
 	exists, err := h.rt.Exists(ctx, h.b.Path().Child(row.AgentType, runID))
 	if err != nil || !exists {

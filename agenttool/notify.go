@@ -135,7 +135,7 @@ func (h *host) milestoneNotice(ctx context.Context, row runRow, m Milestone) {
 // deliverMilestoneNotices delivers the notices of milestones a child
 // reached while the parent was not following (after an eviction or a
 // restart).
-func (h *host) deliverMilestoneNotices(ctx context.Context, row runRow, ch *host) {
+func (h *host) deliverMilestoneNotices(ctx context.Context, row runRow, ch childOps) {
 	if row.det.OnMilestones == nil {
 		return
 	}

@@ -267,8 +267,14 @@ func (h *host) milestones(ctx context.Context, runID string) ([]Milestone, error
 
 // queryMilestones reads the milestones of a child run in order.
 func (h *host) queryMilestones(ctx context.Context, tx store.Tx, runID string) ([]Milestone, error) {
-	rows, err := tx.Query(ctx, `SELECT sequence, name, data_json, at FROM agent_tool_milestones WHERE instance_id = ? AND run_id = ? ORDER BY sequence`,
-		h.iid, runID)
+	return queryMilestonesOf(ctx, tx, "?", h.iid, runID)
+}
+
+// queryMilestonesOf reads the milestones of a child run in order; the
+// child's instance id is the SQL expression idExpr with its argument idArg.
+func queryMilestonesOf(ctx context.Context, tx store.Tx, idExpr string, idArg any, runID string) ([]Milestone, error) {
+	rows, err := tx.Query(ctx, `SELECT sequence, name, data_json, at FROM agent_tool_milestones WHERE instance_id = `+idExpr+` AND run_id = ? ORDER BY sequence`,
+		idArg, runID)
 	if err != nil {
 		return nil, err
 	}

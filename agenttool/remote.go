@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/store"
@@ -30,6 +32,25 @@ type Remote interface {
 	StartChild(ctx context.Context, req RemoteStart) (streamID string, err error)
 	// CancelChild asks the child's owner to abort the run.
 	CancelChild(ctx context.Context, req RemoteCancel) error
+	// DestroyChild asks the child's owner to destroy the child: its rows,
+	// its descendants' rows, and the instance in the owner's memory.
+	DestroyChild(ctx context.Context, child agent.Path) error
+}
+
+// Hints wake a parent that follows a run whose child is on another node
+// (PostgreSQL's LISTEN/NOTIFY in a cluster). A hint is never the source of
+// truth: the follower reads the child's record and stream from the
+// database when woken, and still polls, only less often. A Remote that
+// also implements Hints provides them.
+type Hints interface {
+	// Hint tells the nodes that the child's record of a run or its
+	// stream changed (committed). Best effort, never blocking: a lost
+	// hint delays a follower until its next poll.
+	Hint(child agent.Path)
+	// Watch returns a channel that receives a value after a Hint for
+	// child on any node, and a function that ends the watch. A nil
+	// channel means no hints now (the follower polls at RemotePoll).
+	Watch(child agent.Path) (<-chan struct{}, func())
 }
 
 // RemoteStart is a run to start in a child on another node.
@@ -50,15 +71,23 @@ type RemoteCancel struct {
 	Reason string     `json:"reason"`
 }
 
+// ErrBadRemoteCall is the error of a node-to-node call whose request is
+// malformed.
+var ErrBadRemoteCall = errors.New("agenttool: bad remote call")
+
 // DefaultRemotePoll is how often a parent reads the progress of a run whose
 // child is on another node.
 const DefaultRemotePoll = 100 * time.Millisecond
+
+// hintedPollFactor lengthens the poll of a follower that receives hints:
+// the poll is then only the fallback for a lost hint.
+const hintedPollFactor = 10
 
 // StartRemoteChild starts, on this node (the child's owner), the run a
 // parent on another node dispatched, and returns the child's turn id.
 func StartRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (string, error) {
 	if len(req.ParentPath) == 0 || req.RunID == "" || !rt.HasClass(req.Class) {
-		return "", errors.New("agenttool: bad remote start")
+		return "", fmt.Errorf("%w: start needs a parent path, a run id and a known class", ErrBadRemoteCall)
 	}
 	child, release, err := rt.Acquire(ctx, req.Child())
 	if err != nil {
@@ -82,6 +111,9 @@ func StartRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (
 // CancelRemoteChild aborts, on this node (the child's owner), a run whose
 // parent is on another node.
 func CancelRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteCancel) error {
+	if len(req.Child) < 2 || req.RunID == "" {
+		return fmt.Errorf("%w: cancel needs a child path and a run id", ErrBadRemoteCall)
+	}
 	child, release, err := rt.Acquire(ctx, req.Child)
 	if err != nil {
 		return err
@@ -92,6 +124,127 @@ func CancelRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteCancel)
 		return err
 	}
 	return ch.cancelChildRun(ctx, req.RunID, req.Reason)
+}
+
+// DestroyRemoteChild destroys, on this node (the child's owner), a child
+// whose parent on another node clears its run: the child's rows and its
+// descendants' go, and the instance leaves this node's memory.
+func DestroyRemoteChild(ctx context.Context, rt *agent.Runtime, child agent.Path) error {
+	if len(child) < 2 {
+		return fmt.Errorf("%w: destroy needs a child path", ErrBadRemoteCall)
+	}
+	if !rt.Owns(child) {
+		return fmt.Errorf("agenttool: destroy %s: %w", child, agent.ErrNotOwner)
+	}
+	return rt.Destroy(ctx, child)
+}
+
+// hints returns the wake-up between nodes, if the cluster has one.
+func (h *host) hints() Hints {
+	hs, _ := h.opts.Remote.(Hints)
+	return hs
+}
+
+// hintParent tells the parent's node, when it is another one, that this
+// child's run changed. A no-op on a single node.
+func (h *host) hintParent() {
+	hs := h.hints()
+	if hs == nil || h.rt.Placement() == nil {
+		return
+	}
+	if p := h.b.Path().Parent(); p != nil && !h.rt.Owns(p) {
+		hs.Hint(h.b.Path())
+	}
+}
+
+// remoteWake is a follower's wake-up: the hint channel (nil without
+// hints) and the poll's ticker, slower when hints come.
+type remoteWake struct {
+	hint <-chan struct{}
+	tick clockwork.Ticker
+	stop func()
+}
+
+func (h *host) remoteWake(child agent.Path) *remoteWake {
+	w := &remoteWake{stop: func() {}}
+	if hs := h.hints(); hs != nil {
+		w.hint, w.stop = hs.Watch(child)
+	}
+	poll := h.opts.RemotePoll
+	if poll <= 0 {
+		poll = DefaultRemotePoll
+	}
+	if w.hint != nil {
+		poll *= hintedPollFactor
+	}
+	w.tick = h.rt.Clock().NewTicker(poll)
+	return w
+}
+
+func (w *remoteWake) close() {
+	w.tick.Stop()
+	w.stop()
+}
+
+// remoteChild is a child on another node, as a parent's reconcile and
+// cancel reach it: through its owner for changes, through the database for
+// reads.
+type remoteChild struct {
+	h    *host
+	path agent.Path
+	r    Remote
+}
+
+func (c remoteChild) cancelChildRun(ctx context.Context, runID, reason string) error {
+	return c.r.CancelChild(ctx, RemoteCancel{Child: c.path, RunID: runID, Reason: reason})
+}
+
+func (c remoteChild) streamNext(ctx context.Context, runID string) int {
+	in, err := c.h.remoteInspection(ctx, c.path, runID)
+	if err != nil || in == nil || in.RequestID == "" {
+		return 0
+	}
+	chunks, err := chat.StoredChunks(ctx, c.h.rt.DB(), c.path, in.RequestID, -1)
+	if err != nil || len(chunks) == 0 {
+		return 0
+	}
+	return chunks[len(chunks)-1].Seq + 1
+}
+
+func (c remoteChild) milestones(ctx context.Context, runID string) ([]Milestone, error) {
+	var out []Milestone
+	err := c.h.rt.DB().View(ctx, func(tx store.Tx) error {
+		var err error
+		out, err = queryMilestonesOf(ctx, tx, `(SELECT id FROM instances WHERE path = ?)`, c.path.String(), runID)
+		return err
+	})
+	return out, err
+}
+
+// awaitEnd waits, an await point of the parent, until the child's record
+// of the run has an end, or until limit has passed.
+func (c remoteChild) awaitEnd(ctx context.Context, runID string, limit time.Duration) error {
+	h := c.h
+	w := h.remoteWake(c.path)
+	defer w.close()
+	t := h.rt.Clock().NewTimer(limit)
+	defer t.Stop()
+	return agent.Await(ctx, func() error {
+		for {
+			if in, err := h.remoteInspection(ctx, c.path, runID); err == nil && (in == nil || in.CompletedAt != nil) {
+				return nil
+			}
+			select {
+			case <-w.hint:
+			case <-w.tick.Chan():
+			case <-t.Chan():
+				h.b.Logger().Warn("agenttool: a canceled remote child run has not ended", "run", runID, "waited", limit)
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	})
 }
 
 // remote returns the way to a child on another node, or nil when the
@@ -137,7 +290,69 @@ func (h *host) runRemote(ctx, awaitCtx context.Context, row runRow, input json.R
 		return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
 	}
 	row.Status = StatusRunning
+	if row.det.Detached {
+		if err := h.armReconcile(ctx, true); err != nil {
+			h.b.Logger().Error("agenttool: arm reconcile", "err", err)
+		}
+		h.follow(row)
+		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusRunning}, nil
+	}
 	return h.awaitRemote(awaitCtx, row, child, streamID, r)
+}
+
+// followRemote is follow for a child on another node.
+func (h *host) followRemote(ctx context.Context, row runRow, r Remote) {
+	child := h.b.Path().Child(row.AgentType, row.RunID)
+	insp, err := h.remoteInspection(ctx, child, row.RunID)
+	if err != nil || insp == nil || insp.RequestID == "" {
+		return // the reconcile keeps watching
+	}
+	if _, err := h.awaitRemote(ctx, row, child, insp.RequestID, r); err != nil && ctx.Err() == nil {
+		h.b.Logger().Error("agenttool: detached run", "run", row.RunID, "err", err)
+	}
+}
+
+// reconcileRemote is reconcileRun for a child on another node: the
+// child's record is read from the database, and a give-up cancels the run
+// through the child's owner.
+func (h *host) reconcileRemote(ctx context.Context, row runRow, r Remote) {
+	log := h.b.Logger()
+	rc := remoteChild{h: h, path: h.b.Path().Child(row.AgentType, row.RunID), r: r}
+	insp, err := h.remoteInspection(ctx, rc.path, row.RunID)
+	if err != nil {
+		log.Warn("agenttool: reconcile inspect", "run", row.RunID, "err", err)
+		return
+	}
+	h.deliverMilestoneNotices(ctx, row, rc)
+	if insp != nil && insp.CompletedAt != nil {
+		if row.Status == StatusInterrupted && insp.Status == StatusAborted && h.gaveUp(ctx, row.RunID) {
+			// Our own teardown: the give-up was the delivery.
+			if err := h.markFinishDelivered(ctx, row.RunID); err != nil {
+				log.Warn("agenttool: mark delivered", "run", row.RunID, "err", err)
+			}
+			return
+		}
+		if _, err := h.finish(ctx, row, resultFromInspection(*insp), rc.streamNext(ctx, row.RunID)); err != nil {
+			log.Warn("agenttool: reconcile finish", "run", row.RunID, "err", err)
+		}
+		return
+	}
+	if row.Status != StatusInterrupted {
+		now := h.rt.Clock().Now()
+		if row.det.MaxBudgetAt != nil && !now.Before(*row.det.MaxBudgetAt) {
+			h.giveUp(ctx, row, rc, ReasonBudgetExceeded)
+			return
+		}
+		// A wait for input is known only to the child's node: a remote
+		// run's silence is counted from its last signal alone.
+		if row.det.NoProgressBudget > 0 && insp != nil && insp.LastSignalAt != nil && now.Sub(*insp.LastSignalAt) >= row.det.NoProgressBudget {
+			h.giveUp(ctx, row, rc, ReasonNoProgress)
+			return
+		}
+	}
+	if insp != nil && insp.RequestID != "" {
+		h.follow(row)
+	}
 }
 
 // awaitRemote follows a run whose child is on another node: it forwards
@@ -166,22 +381,27 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	if n := len(row.marks); n > 0 {
 		after = row.marks[n-1] - 1
 	}
+	// The child's progress and milestones are chunks of its stream: the
+	// parent's OnProgress and milestone notices see them as they are
+	// forwarded, in stream order, each once per follower.
+	signals := h.newSignalDispatcher(row)
+	defer signals.close()
+	credit := h.progressCrediter(ctx, row)
+	defer credit.stop()
 	forward := func() {
 		chunks, err := chat.StoredChunks(bg, h.rt.DB(), child, streamID, after)
 		if err != nil {
 			return
 		}
 		for _, c := range chunks {
+			credit.offer()
 			h.current().broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
+			signals.offer(c.Body)
 			after = c.Seq
 		}
 	}
-	poll := h.opts.RemotePoll
-	if poll <= 0 {
-		poll = DefaultRemotePoll
-	}
-	tick := h.rt.Clock().NewTicker(poll)
-	defer tick.Stop()
+	wake := h.remoteWake(child)
+	defer wake.close()
 	var insp *Inspection
 	canceled := false
 	err := agent.Await(ctx, func() error {
@@ -204,17 +424,22 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 					}
 				}
 				select {
-				case <-tick.Chan():
+				case <-wake.hint:
+				case <-wake.tick.Chan():
 				case <-h.rt.Context().Done():
 					return agent.ErrClosed
 				}
-			case <-tick.Chan():
+			case <-wake.hint:
+			case <-wake.tick.Chan():
 			}
 		}
 	})
 	if err != nil {
 		return Result{}, err // shutting down: the run resumes with the process
 	}
+	// Signals seen so far (milestone notices) are handled before the end
+	// is delivered, so a chat reads them in order.
+	signals.close()
 	res := resultFromInspection(*insp)
 	if runCtx.Err() != nil && res.Status != StatusCompleted {
 		res = Result{Status: StatusAborted, Error: causeText(runCtx)}

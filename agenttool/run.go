@@ -155,7 +155,7 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		// The run must not inherit the turn's cancellation.
 		ctx = agent.WithAgent(context.WithoutCancel(ctx), parent)
 	}
-	if r := h.remote(h.b.Path().Child(class, runID)); r != nil && !det.Detached {
+	if r := h.remote(h.b.Path().Child(class, runID)); r != nil {
 		return h.runRemote(ctx, awaitCtx, row, input, r)
 	}
 	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(class, runID))
@@ -377,6 +377,12 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 // startRecordedChild starts the child of a run recorded as starting whose
 // child has no record of it, and marks the run running.
 func (h *host) startRecordedChild(ctx context.Context, row runRow, input json.RawMessage) error {
+	if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
+		if _, err := r.StartChild(ctx, RemoteStart{ParentPath: h.b.Path(), Class: row.AgentType, RunID: row.RunID, Input: input}); err != nil {
+			return fmt.Errorf("start child: %w", err)
+		}
+		return h.markRunning(ctx, row.RunID)
+	}
 	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 	if err != nil {
 		return fmt.Errorf("start child: %w", err)

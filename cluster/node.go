@@ -73,6 +73,7 @@ type Node struct {
 	owners []string          // shard → owner node id ("" unknown), as last read
 	addrs  map[string]string // live node id → address
 	closed bool
+	peer   *Peer // asks other nodes' gates (gate.go)
 
 	stepMu sync.Mutex // one Step at a time
 	ctx    context.Context

@@ -43,9 +43,43 @@ type Peer struct {
 	Secret string
 	// Client makes the calls; nil means a client with a 30-second timeout.
 	Client *http.Client
+	// Gate decides, on this node (the owner of path's parent), whether a
+	// client's request may reach the sub-agent at path: the application
+	// server's authentication and the parents' gates
+	// (server.Server.CheckSubAgent). Nil means Runtime.CheckSubAgent, which
+	// does not authenticate.
+	Gate func(r *http.Request, path agent.Path) error
+	// Hints is the LISTEN/NOTIFY wake-up of followers; nil means none
+	// (followers poll).
+	Hints *Hints
 }
 
-var _ agenttool.Remote = (*Peer)(nil)
+var (
+	_ agenttool.Remote = (*Peer)(nil)
+	_ agenttool.Hints  = (*Peer)(nil)
+)
+
+// Hint sends a wake-up hint for child (agenttool.Hints).
+func (p *Peer) Hint(child agent.Path) {
+	if p.Hints != nil {
+		p.Hints.Hint(child)
+	}
+}
+
+// Watch watches the hints for child (agenttool.Hints); without Hints it
+// returns no channel. While the listening connection is down no hint
+// arrives, and its reconnection wakes every watcher.
+func (p *Peer) Watch(child agent.Path) (<-chan struct{}, func()) {
+	if p.Hints == nil {
+		return nil, func() {}
+	}
+	return p.Hints.Watch(child)
+}
+
+// errBadRequest marks a node-to-node call whose request is malformed.
+var errBadRequest = errors.New("bad request")
+
+func badRequest(err error) error { return fmt.Errorf("%w: %w", errBadRequest, err) }
 
 // Secret returns the cluster's shared secret for node-to-node calls,
 // creating it on first use. It lives in the database, which every node
@@ -85,6 +119,18 @@ func (p *Peer) StartChild(ctx context.Context, req agenttool.RemoteStart) (strin
 func (p *Peer) CancelChild(ctx context.Context, req agenttool.RemoteCancel) error {
 	return p.call(ctx, req.Child, "cancel-child", req, nil, func(ctx context.Context) error {
 		return agenttool.CancelRemoteChild(ctx, p.Runtime, req)
+	})
+}
+
+// destroyCall is the request of a destroy-child call.
+type destroyCall struct {
+	Child agent.Path `json:"child"`
+}
+
+// DestroyChild asks the child's owner to destroy the child.
+func (p *Peer) DestroyChild(ctx context.Context, child agent.Path) error {
+	return p.call(ctx, child, "destroy-child", destroyCall{Child: child}, nil, func(ctx context.Context) error {
+		return agenttool.DestroyRemoteChild(ctx, p.Runtime, child)
 	})
 }
 
@@ -190,26 +236,39 @@ func (p *Peer) Handler() http.Handler {
 		switch strings.TrimPrefix(r.URL.Path, PeerPrefix) {
 		case "start-child":
 			var req agenttool.RemoteStart
-			if err = json.Unmarshal(data, &req); err == nil {
-				var id string
-				// The child's turn outlives the call.
-				id, err = agenttool.StartRemoteChild(context.WithoutCancel(ctx), p.Runtime, req)
-				out = map[string]string{"streamId": id}
+			if err = json.Unmarshal(data, &req); err != nil {
+				err = badRequest(err)
+				break
 			}
+			var id string
+			// The child's turn outlives the call.
+			id, err = agenttool.StartRemoteChild(context.WithoutCancel(ctx), p.Runtime, req)
+			out = map[string]string{"streamId": id}
 		case "cancel-child":
 			var req agenttool.RemoteCancel
-			if err = json.Unmarshal(data, &req); err == nil {
-				err = agenttool.CancelRemoteChild(ctx, p.Runtime, req)
-				out = map[string]string{}
+			if err = json.Unmarshal(data, &req); err != nil {
+				err = badRequest(err)
+				break
 			}
+			err = agenttool.CancelRemoteChild(ctx, p.Runtime, req)
+			out = map[string]string{}
+		case "destroy-child":
+			var req destroyCall
+			if err = json.Unmarshal(data, &req); err != nil {
+				err = badRequest(err)
+				break
+			}
+			err = agenttool.DestroyRemoteChild(ctx, p.Runtime, req.Child)
+			out = map[string]string{}
+		case "check-sub-agent":
+			out, err = p.serveGate(ctx, data)
 		default:
 			http.NotFound(w, r)
 			return
 		}
-		var se *json.SyntaxError
 		switch {
-		case errors.As(err, &se):
-			http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
+		case errors.Is(err, errBadRequest), errors.Is(err, agenttool.ErrBadRemoteCall):
+			http.Error(w, err.Error(), http.StatusBadRequest)
 		case errors.Is(err, agent.ErrNotOwner), errors.Is(err, ErrNotOwner), errors.Is(err, ErrFenced):
 			http.Error(w, err.Error(), http.StatusMisdirectedRequest)
 		case err != nil:

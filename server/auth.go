@@ -87,3 +87,16 @@ func bearer(h string) (string, bool) {
 	tok = strings.TrimSpace(tok)
 	return tok, tok != ""
 }
+
+// CheckSubAgent decides, as a request for the sub-agent at path would be
+// decided here, whether r may reach it: r is authenticated and authorized
+// (Options.Authenticate, Options.Authorize) and the parent's gates run
+// (agent.Runtime.CheckSubAgent). A cluster node that owns the parent
+// answers with it when the request reached another node.
+func (s *Server) CheckSubAgent(r *http.Request, path agent.Path) error {
+	r, err := s.admit(r, path)
+	if err != nil {
+		return err
+	}
+	return s.rt.CheckSubAgent(r.Context(), r, path)
+}

@@ -64,7 +64,7 @@ func serveCluster(ctx context.Context, cl clusterFlags, o clusterServe, logw io.
 			return clusterserve.App{}, err
 		}
 		logger.Info("agents-as-tools demo", "model", d.Provider)
-		return clusterserve.App{Runtime: d.Runtime, Handler: d.Handler(), Close: d.Close,
+		return clusterserve.App{Runtime: d.Runtime, Handler: d.Handler(), Close: d.Close, Gate: d.Agents.CheckSubAgent,
 			Route: func(p string) (agent.Path, bool) {
 				r, ok, err := d.Agents.ParseRoute(p)
 				return r.Path, ok && err == nil

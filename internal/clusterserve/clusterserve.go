@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -36,6 +37,11 @@ type App struct {
 	Route func(escapedPath string) (agent.Path, bool)
 	// Close closes the sockets and the runtime (not the DB).
 	Close func() error
+	// Gate decides whether a client's request may reach a sub-agent whose
+	// parent this node owns, when the request reached another node
+	// (server.Server.CheckSubAgent, which authenticates it again); nil
+	// means the runtime's gates alone.
+	Gate func(r *http.Request, path agent.Path) error
 }
 
 // Config is what Run serves.
@@ -53,6 +59,9 @@ type Config struct {
 	Lease time.Duration
 	// Logger receives the logs; nil means slog.Default().
 	Logger *slog.Logger
+	// NoHints turns the LISTEN/NOTIFY wake-up between nodes off: the
+	// followers of runs on other nodes only poll.
+	NoHints bool
 	// Build creates the application on db, with place as the runtime's
 	// agent.Options.Placement and remote as agenttool.Options.Remote.
 	Build func(ctx context.Context, db store.DB, place agent.Placement, remote agenttool.Remote) (App, error)
@@ -93,12 +102,16 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	peer := &cluster.Peer{Node: node, Secret: secret}
+	if !c.NoHints {
+		peer.Hints = cluster.NewHints(pool, logger, nil)
+	}
 	app, err := c.Build(ctx, db, node, peer)
 	if err != nil {
 		node.Close()
 		return err
 	}
-	peer.Runtime = app.Runtime
+	peer.Runtime, peer.Gate = app.Runtime, app.Gate
+	node.UsePeer(peer)
 	node.Attach(app.Runtime)
 	router := &cluster.Router{Node: node, Local: app.Handler, Peer: peer.Handler(), Route: app.Route, Logger: logger}
 	// A first round of leases before the port serves, so the node knows
@@ -110,7 +123,16 @@ func Run(ctx context.Context, c Config) error {
 	runDone := make(chan struct{})
 	go func() {
 		defer close(runDone)
+		var wg sync.WaitGroup
+		if peer.Hints != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				peer.Hints.Run(runCtx)
+			}()
+		}
 		node.Run(runCtx)
+		wg.Wait()
 	}()
 	err = serve.Run(ctx, serve.Config{Listener: c.Listener, Handler: router, Runtime: app.Runtime, Logger: logger})
 	logger.Info("shutting down: handing shards over", "node", c.NodeID)

@@ -3,7 +3,10 @@
 // Worker children (chat agents on a scripted model that streams a few
 // chunks with a delay), and records every OnAgentToolFinish in its own
 // table (fan_finishes: run id → how often it fired) so the tests can check
-// that each fired exactly once.
+// that each fired exactly once. A Prog child reports progress and
+// milestones; the Fan's other operations (serveRemoteOps) dispatch
+// detached runs, cancel, clear and read its ledgers, and its
+// OnBeforeSubAgent gates drill-in (?drill=yes).
 //
 //	server -addr 127.0.0.1:0 -postgres URL -node-id a -lease 2s -delay 20ms
 package main
@@ -51,12 +54,90 @@ type Fan struct {
 
 func (f *Fan) ChatModel() model.Model { return f.m }
 
-// OnStart creates the finish ledger.
+// OnStart creates the ledgers.
 func (f *Fan) OnStart(ctx context.Context) error {
 	return f.Storage().Update(ctx, func(s *agent.SQL) error {
-		_, err := s.Exec(`CREATE TABLE IF NOT EXISTS {fan_finishes} (run_id TEXT PRIMARY KEY, n INTEGER NOT NULL, status TEXT NOT NULL)`)
+		for _, q := range []string{
+			`CREATE TABLE IF NOT EXISTS {fan_finishes} (run_id TEXT PRIMARY KEY, n INTEGER NOT NULL, status TEXT NOT NULL)`,
+			`CREATE TABLE IF NOT EXISTS {fan_detached} (run_id TEXT PRIMARY KEY, n INTEGER NOT NULL, status TEXT NOT NULL)`,
+			`CREATE TABLE IF NOT EXISTS {fan_progress} (n INTEGER PRIMARY KEY, run_id TEXT NOT NULL, what TEXT NOT NULL)`,
+		} {
+			if _, err := s.Exec(q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// OnDetachedDone is the OnFinish of detached runs: it counts each
+// delivery in fan_detached.
+func (f *Fan) OnDetachedDone(ctx context.Context, run agenttool.Run, res agenttool.Result) error {
+	return f.Storage().Update(ctx, func(s *agent.SQL) error {
+		_, err := s.Exec(`INSERT INTO {fan_detached} (run_id, n, status) VALUES (?, 1, ?)
+			ON CONFLICT (run_id) DO UPDATE SET n = {fan_detached}.n + 1, status = excluded.status`, run.RunID, string(res.Status))
 		return err
 	})
+}
+
+// OnProgress records each progress signal and milestone of a run, in the
+// order they arrive (fan_progress): "p:<fraction>" or "m:<name>".
+func (f *Fan) OnProgress(ctx context.Context, run agenttool.Run, p agenttool.ProgressEvent) {
+	what := "p:"
+	if p.Fraction != nil {
+		what += strconv.FormatFloat(*p.Fraction, 'f', -1, 64)
+	}
+	if p.Milestone != nil {
+		what = "m:" + p.Milestone.Name
+	}
+	err := f.Storage().Update(ctx, func(s *agent.SQL) error {
+		_, err := s.Exec(`INSERT INTO {fan_progress} (n, run_id, what) SELECT COALESCE(MAX(n), 0) + 1, ?, ? FROM {fan_progress}`, run.RunID, what)
+		return err
+	})
+	if err != nil {
+		f.Logger().Error("fan: record progress", "run", run.RunID, "err", err)
+	}
+}
+
+// OnBeforeSubAgent admits drill-in requests that ask for it (?drill=yes)
+// and refuses the others with 403, so a test sees that the parent decided.
+func (f *Fan) OnBeforeSubAgent(ctx context.Context, r *http.Request, class, name string) error {
+	if r.URL.Query().Get("drill") == "yes" {
+		return nil
+	}
+	return &agent.HTTPError{Status: http.StatusForbidden, Message: "drill-in refused by the parent"}
+}
+
+// Prog is a child that reports progress and milestones while it works:
+// progress 0.25, milestone "half", progress 0.5, milestone "most",
+// progress 1, each step a pause apart, then its answer.
+type Prog struct {
+	chat.Base
+	step time.Duration
+}
+
+// OnChatMessage runs the steps.
+func (p *Prog) OnChatMessage(ctx context.Context, t *chat.Turn) error {
+	steps := []agenttool.Progress{
+		{Fraction: agenttool.Fraction(0.25)},
+		{Milestone: "half", Message: "half way"},
+		{Fraction: agenttool.Fraction(0.5)},
+		{Milestone: "most"},
+		{Fraction: agenttool.Fraction(1)},
+	}
+	for _, st := range steps {
+		if err := agenttool.ReportProgress(ctx, st); err != nil {
+			return err
+		}
+		tm := time.NewTimer(p.step) // simulated work
+		select {
+		case <-ctx.Done():
+			tm.Stop()
+			return context.Cause(ctx)
+		case <-tm.C:
+		}
+	}
+	return t.WriteText("finished the work")
 }
 
 // OnAgentToolFinish counts the finish of a run.
@@ -105,6 +186,9 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		_ = json.NewEncoder(w).Encode(out)
 		return
 	}
+	if f.serveRemoteOps(ctx, w, r) {
+		return
+	}
 	if !strings.HasSuffix(r.URL.Path, "/fan-out") {
 		http.NotFound(w, r)
 		return
@@ -141,12 +225,109 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	_ = json.NewEncoder(w).Encode(statuses)
 }
 
+// serveRemoteOps serves the operations of the cross-node tests:
+//
+//	detached?n=&tag=&class=  n detached runs with OnFinish OnDetachedDone
+//	                         (and notices of the milestone "half")
+//	run?id=&class=           one awaited run, answered with its result
+//	cancel?id=               CancelAgentTool
+//	clear                    ClearAgentToolRuns
+//	progress?id=             the run's fan_progress, in order
+//	detached-ledger          fan_detached: runs, repeated, by status
+func (f *Fan) serveRemoteOps(ctx context.Context, w http.ResponseWriter, r *http.Request) bool {
+	q := r.URL.Query()
+	var out any
+	var err error
+	switch {
+	case strings.HasSuffix(r.URL.Path, "/detached"):
+		n, aerr := strconv.Atoi(q.Get("n"))
+		if aerr != nil || n < 0 || n > 10000 {
+			http.Error(w, "bad n", http.StatusBadRequest)
+			return true
+		}
+		st := map[string]int{}
+		for i := range n {
+			res, err := agenttool.RunAgentTool(ctx, f, q.Get("class"), agenttool.RunOptions{RunID: fmt.Sprintf("%s-%d", q.Get("tag"), i), Input: "work",
+				Detached: &agenttool.DetachedOptions{OnFinish: "OnDetachedDone",
+					OnMilestones: &agenttool.MilestoneNotices{Names: []string{"half"}, Mode: agenttool.MilestoneNarrate}}})
+			if err != nil {
+				st["go-error"]++
+				continue
+			}
+			st[string(res.Status)]++
+		}
+		out = st
+	case strings.HasSuffix(r.URL.Path, "/run"):
+		out, err = agenttool.RunAgentTool(ctx, f, q.Get("class"), agenttool.RunOptions{RunID: q.Get("id"), Input: "work"})
+	case strings.HasSuffix(r.URL.Path, "/cancel"):
+		err = agenttool.CancelAgentTool(ctx, f, q.Get("id"), "canceled by the test")
+		out = map[string]string{}
+	case strings.HasSuffix(r.URL.Path, "/clear"):
+		var n int
+		n, err = agenttool.ClearAgentToolRuns(ctx, f, agenttool.ClearOptions{})
+		out = map[string]int{"cleared": n}
+	case strings.HasSuffix(r.URL.Path, "/progress"):
+		list := []string{}
+		err = f.Storage().View(ctx, func(s *agent.SQL) error {
+			rows, err := s.Query(`SELECT what FROM {fan_progress} WHERE run_id = ? ORDER BY n`, q.Get("id"))
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var what string
+				if err := rows.Scan(&what); err != nil {
+					return err
+				}
+				list = append(list, what)
+			}
+			return rows.Err()
+		})
+		out = list
+	case strings.HasSuffix(r.URL.Path, "/detached-ledger"):
+		m := map[string]int{}
+		err = f.Storage().View(ctx, func(s *agent.SQL) error {
+			rows, err := s.Query(`SELECT n, status FROM {fan_detached}`)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var n int
+				var st string
+				if err := rows.Scan(&n, &st); err != nil {
+					return err
+				}
+				m["runs"]++
+				m["status:"+st]++
+				if n > 1 {
+					m["repeated"]++
+				}
+			}
+			return rows.Err()
+		})
+		out = m
+	default:
+		return false
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return true
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+	return true
+}
+
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "address to listen on")
 	pg := flag.String("postgres", "", "cluster database URL")
 	nodeID := flag.String("node-id", "", "node id")
 	lease := flag.Duration("lease", 2*time.Second, "shard lease")
 	delay := flag.Duration("delay", 20*time.Millisecond, "delay between the worker's chunks")
+	step := flag.Duration("step", 250*time.Millisecond, "pause between the Prog child's steps")
+	poll := flag.Duration("remote-poll", 0, "agenttool.Options.RemotePoll (0: default)")
+	noHints := flag.Bool("no-hints", false, "no LISTEN/NOTIFY hints between nodes")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -162,14 +343,30 @@ func main() {
 			return clusterserve.App{}, err
 		}
 		chat.Configure(rt, chat.Config{})
-		agenttool.Install(rt, agenttool.Options{Remote: remote})
+		agenttool.Install(rt, agenttool.Options{Remote: remote, RemotePoll: *poll})
 		worker := scripted.New(scripted.WithChunkSize(4), scripted.WithDelay(*delay),
 			scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("done done done done")})))
 		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker} }, Public: true})
 		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
-		srv := server.New(server.Options{Runtime: rt, Logger: logger})
-		return clusterserve.App{Runtime: rt, Handler: srv,
+		rt.MustRegister(agent.Class{Name: "Prog", New: func() agent.Agent { return &Prog{step: *step} }})
+		// debug/resident?path= says whether this node holds the instance
+		// in memory.
+		debug := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/debug/resident" {
+				http.NotFound(w, r)
+				return
+			}
+			p, err := agent.ParsePath(r.URL.Query().Get("path"))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			_, ok := rt.Lookup(p)
+			_ = json.NewEncoder(w).Encode(map[string]bool{"resident": ok})
+		})
+		srv := server.New(server.Options{Runtime: rt, Logger: logger, NotFound: debug})
+		return clusterserve.App{Runtime: rt, Handler: srv, Gate: srv.CheckSubAgent,
 			Close: func() error { srv.Close(); return rt.Close() },
 			Route: func(p string) (agent.Path, bool) {
 				r, ok, err := srv.ParseRoute(p)
@@ -177,7 +374,7 @@ func main() {
 			}}, nil
 	}
 	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "node", *nodeID, "pid", os.Getpid())
-	err = clusterserve.Run(ctx, clusterserve.Config{Listener: ln, Postgres: *pg, NodeID: *nodeID, Lease: *lease, Logger: logger, Build: build})
+	err = clusterserve.Run(ctx, clusterserve.Config{Listener: ln, Postgres: *pg, NodeID: *nodeID, Lease: *lease, Logger: logger, NoHints: *noHints, Build: build})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(1)
