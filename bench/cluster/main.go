@@ -179,7 +179,7 @@ type result struct {
 }
 
 func (r result) runsPerSec() float64 { return float64(r.runs) / r.elapsed.Seconds() }
-func (r result) per(v int64) float64  { return float64(v) / float64(r.runs) }
+func (r result) per(v int64) float64 { return float64(v) / float64(r.runs) }
 func (r result) perMs(d time.Duration) float64 {
 	return float64(d.Microseconds()) / 1000 / float64(r.runs)
 }
