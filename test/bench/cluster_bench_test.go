@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/agentry/agentry/cluster"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/clusterserve"
+	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/postgres"
@@ -196,19 +198,29 @@ func reportClusterStats(b *testing.B, s0, s1 postgres.Stats, runs int) {
 // transaction. With one node every child is local; with two, about half
 // the children are on the other node (remote-children/run), started by a
 // node-to-node call and followed through the database every 100 ms
-// (agenttool.DefaultRemotePoll). The counts are every node's store
+// (agenttool.DefaultRemotePoll); awaited-1s-child runs a child that takes
+// one second, to measure the cost of that follow per poll. The counts are every node's store
 // together. It needs PostgreSQL (internal/pgtest) and skips without it.
 //
 //	go test -run '^$' -bench 'ClusterAwaited' -benchtime 100x -count 3 ./test/bench/
 func BenchmarkClusterAwaited(b *testing.B) {
 	for _, n := range []int{1, 2} {
-		b.Run(fmt.Sprintf("nodes=%d/awaited", n), func(b *testing.B) { benchClusterAwaited(b, n) })
+		b.Run(fmt.Sprintf("nodes=%d/awaited", n), func(b *testing.B) { benchClusterAwaited(b, n, newToolKit()) })
 		b.Run(fmt.Sprintf("nodes=%d/fan-out=100", n), func(b *testing.B) { benchClusterFanOut(b, n) })
 	}
+	// The same child, streaming its 20 chunks 50 ms apart (a 1 s run):
+	// against nodes=2/awaited, what following a remote child costs per
+	// second, i.e. per 10 polls.
+	b.Run("nodes=2/awaited-1s-child", func(b *testing.B) {
+		k := newToolKit()
+		k.researcher = scripted.New(scripted.WithChunkSize(5), scripted.WithDelay(50*time.Millisecond),
+			scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text(strings.Repeat("abcde", researcherDeltas))})))
+		benchClusterAwaited(b, 2, k)
+	})
 }
 
-func benchClusterAwaited(b *testing.B, n int) {
-	e := startClusterEnv(b, n, newToolKit())
+func benchClusterAwaited(b *testing.B, n int, k *toolKit) {
+	e := startClusterEnv(b, n, k)
 	p := e.parent(b, "awaited")
 	ctx := context.Background()
 	if err := checkResearch(p.RunOnce(ctx)); err != nil {

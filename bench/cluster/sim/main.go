@@ -1,0 +1,76 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// defaults are the costs measured on 2026-12-01 (BENCHMARKS.md, "Cluster
+// mode": bench/cluster and BenchmarkClusterAwaited, BenchmarkPostgresHydrate)
+// and a deployment's assumed sizes.
+func defaults() Params {
+	return Params{
+		NodeCPUms: 3.35, NodeCPURemote: 4.0,
+		PGCPUms: 4.33, PGCPURemote: 3.7,
+		Commits: 3.07, CommitsRemote: 3.1,
+		RoundTrips: 42.3, RoundTripsRem: 26,
+		PollRoundTrips: 4, PollPGCPUms: 0.4, PollInterval: 0.1,
+		StepPGBase: 0.5, StepPGPerShard: 0.002, StepPGPerRead: 0.001,
+		HydrateMs: 1.75, HydrateRoundTrips: 10, HeapPerInstance: 14000,
+
+		NodeCores: 2, PGCores: 16, PGCommits: 20000, Utilization: 0.7,
+		MaxConns: 16, RTTms: 0.3, Lease: 10, Shards: 1024,
+		Instances: 1_000_000, MaxResident: 10_000,
+		ChildSeconds: 0, RunLatency: 0.5,
+	}
+}
+
+func main() {
+	p := defaults()
+	fs := flag.NewFlagSet("sim", flag.ExitOnError)
+	f := func(v *float64, name, usage string) { fs.Float64Var(v, name, *v, usage) }
+	f(&p.NodeCPUms, "node-cpu", "node CPU ms per local run (measured)")
+	f(&p.NodeCPURemote, "node-cpu-remote", "extra node CPU ms per remote run (measured)")
+	f(&p.PGCPUms, "pg-cpu", "PostgreSQL CPU ms per local run (measured)")
+	f(&p.PGCPURemote, "pg-cpu-remote", "extra PostgreSQL CPU ms per remote run (measured)")
+	f(&p.Commits, "commits", "commits per local run (measured)")
+	f(&p.CommitsRemote, "commits-remote", "extra commits per remote run (measured)")
+	f(&p.RoundTrips, "round-trips", "round trips per local run (measured)")
+	f(&p.RoundTripsRem, "round-trips-remote", "extra round trips per remote run (measured)")
+	f(&p.PollRoundTrips, "poll-round-trips", "round trips per poll of a remote child")
+	f(&p.PollPGCPUms, "poll-pg-cpu", "PostgreSQL CPU ms per poll")
+	f(&p.PollInterval, "poll", "seconds between polls of a remote child")
+	f(&p.StepPGBase, "step-pg", "PostgreSQL CPU ms per lease step (measured)")
+	f(&p.StepPGPerShard, "step-pg-shard", "PostgreSQL CPU ms per owned shard per lease step (measured)")
+	f(&p.StepPGPerRead, "step-pg-read", "PostgreSQL CPU ms per shard row read per lease step (measured)")
+	f(&p.HydrateMs, "hydrate-ms", "ms per hydration of a stored instance (measured)")
+	f(&p.HydrateRoundTrips, "hydrate-round-trips", "round trips per hydration (measured)")
+	f(&p.HeapPerInstance, "heap", "bytes of heap per resident instance (measured)")
+	f(&p.NodeCores, "node-cores", "CPU cores per node (assumed)")
+	f(&p.PGCores, "pg-cores", "CPU cores of the PostgreSQL primary (assumed)")
+	f(&p.PGCommits, "pg-commits", "commits per second the primary can flush (assumed)")
+	f(&p.Utilization, "utilization", "usable fraction of a CPU (assumed)")
+	f(&p.MaxConns, "max-conns", "store connections per node")
+	f(&p.RTTms, "rtt", "node to PostgreSQL round trip, ms (assumed)")
+	f(&p.Lease, "lease", "shard lease, seconds")
+	f(&p.Shards, "shards", "shards")
+	f(&p.Instances, "instances", "stored instances")
+	f(&p.MaxResident, "max-resident", "resident instances per node")
+	f(&p.ChildSeconds, "child-seconds", "model time of a child run, seconds (0: the measured trivial child)")
+	f(&p.RunLatency, "run-latency", "seconds a run is in flight besides its model time (measured fan-out latency)")
+	nodes := fs.String("nodes", "1,2,4,8,16,32,64", "node counts")
+	fs.Parse(os.Args[1:])
+	var ns []int
+	for _, s := range strings.Split(*nodes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fmt.Fprintln(os.Stderr, "sim: bad -nodes", *nodes)
+			os.Exit(2)
+		}
+		ns = append(ns, n)
+	}
+	Print(os.Stdout, p, Model(p, ns))
+}
