@@ -27,7 +27,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -47,6 +46,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/cluster"
 	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/proccpu"
 )
 
 func main() {
@@ -363,7 +363,7 @@ func measure(self, url string, n, round int, c config) (res result, err error) {
 	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
 		return res, err
 	}
-	postmaster, err := parentPID(backend)
+	postmaster, err := proccpu.Parent(backend)
 	if err != nil {
 		return res, err
 	}
@@ -536,13 +536,13 @@ func snapshot(ctx context.Context, conn *pgx.Conn, nodes []*node, postmaster int
 		}
 	}
 	for _, nd := range nodes {
-		t, err := procCPU(nd.cmd.Process.Pid, false)
+		t, err := proccpu.Process(nd.cmd.Process.Pid, false)
 		if err != nil {
 			return s, err
 		}
 		s.nodeCPU += t
 	}
-	pg, err := pgCPU(postmaster)
+	pg, err := proccpu.Tree(postmaster)
 	if err != nil {
 		return s, err
 	}
@@ -621,75 +621,4 @@ func numCPU() int {
 		return 0
 	}
 	return strings.Count(string(b), "\nprocessor") + 1
-}
-
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times (100 on
-// every Linux this runs on).
-const clockTicks = 100
-
-// procStat returns the fields of /proc/<pid>/stat after the command name.
-func procStat(pid int) ([]string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil, err
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if i < 0 {
-		return nil, errors.New("bad /proc stat")
-	}
-	return strings.Fields(string(b[i+1:])), nil
-}
-
-// procCPU is a process's user + system time; with children, also that of
-// its waited-for children.
-func procCPU(pid int, children bool) (time.Duration, error) {
-	f, err := procStat(pid)
-	if err != nil {
-		return 0, err
-	}
-	// After the name: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
-	var ticks int64
-	idx := []int{11, 12}
-	if children {
-		idx = append(idx, 13, 14)
-	}
-	for _, i := range idx {
-		v, _ := strconv.ParseInt(f[i], 10, 64)
-		ticks += v
-	}
-	return time.Duration(ticks) * time.Second / clockTicks, nil
-}
-
-func parentPID(pid int) (int, error) {
-	f, err := procStat(pid)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.Atoi(f[1])
-}
-
-// pgCPU is the CPU time of PostgreSQL: the postmaster with its exited
-// children, and its live children (backends and background processes).
-func pgCPU(postmaster int) (time.Duration, error) {
-	total, err := procCPU(postmaster, true)
-	if err != nil {
-		return 0, err
-	}
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if pp, err := parentPID(pid); err != nil || pp != postmaster {
-			continue
-		}
-		if t, err := procCPU(pid, false); err == nil {
-			total += t
-		}
-	}
-	return total, nil
 }

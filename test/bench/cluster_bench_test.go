@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
@@ -21,6 +22,7 @@ import (
 	"github.com/agentry/agentry/cluster"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/clusterserve"
+	"github.com/agentry/agentry/internal/proccpu"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store"
@@ -339,4 +341,72 @@ func BenchmarkPostgresHydrate(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(heapAfterGC()-heap0)/float64(b.N), "heap-B/live")
 	reportClusterStats(b, s0, e.stats(), b.N)
+}
+
+// BenchmarkLeaseStep measures one round of the lease protocol
+// (cluster.Node.Step: heartbeat, renewal of the node's shards, reads of
+// the membership and of all shard rows) of a node that owns 1/nodes of
+// the 1,024 shards: the other nodes are rows of cluster_nodes with a
+// heartbeat that does not expire, so the node takes its share and no
+// more. pg-cpu-µs/step is the whole PostgreSQL server's CPU (all its
+// processes, from /proc) per step; nothing else uses the database.
+//
+//	go test -run '^$' -bench 'LeaseStep' -benchtime 2000x -count 3 ./test/bench/
+func BenchmarkLeaseStep(b *testing.B) {
+	for _, n := range []int{1, 4, 16, 64} {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) { benchLeaseStep(b, n) })
+	}
+}
+
+func benchLeaseStep(b *testing.B, nodes int) {
+	ctx := context.Background()
+	url := pg.URL(b)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	node, err := cluster.Join(ctx, cluster.Config{Pool: pool, NodeID: "n0", Addr: "127.0.0.1:1", Lease: time.Minute, Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer node.Close()
+	far := time.Now().Add(24 * time.Hour).UnixMilli()
+	for i := 1; i < nodes; i++ {
+		if _, err := pool.Exec(ctx, `INSERT INTO cluster_nodes (node_id, addr, heartbeat_at, expires_at) VALUES ($1, '127.0.0.1:1', $2, $2)`,
+			fmt.Sprintf("other-%d", i), far); err != nil {
+			b.Fatal(err)
+		}
+	}
+	share := (cluster.DefaultShards + nodes - 1) / nodes
+	for len(node.Owned()) < share {
+		if err := node.Step(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var backend int
+	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+		b.Fatal(err)
+	}
+	postmaster, err := proccpu.Parent(backend)
+	if err != nil {
+		b.Skipf("no /proc: %v", err)
+	}
+	pg0, _ := proccpu.Tree(postmaster)
+	self0, _ := proccpu.Process(os.Getpid(), false)
+	b.ResetTimer()
+	for range b.N {
+		if err := node.Step(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	pg1, _ := proccpu.Tree(postmaster)
+	self1, _ := proccpu.Process(os.Getpid(), false)
+	if got := len(node.Owned()); got != share {
+		b.Fatalf("owns %d shards, want %d", got, share)
+	}
+	b.ReportMetric(float64(share), "shards-owned")
+	b.ReportMetric(float64((pg1-pg0).Microseconds())/float64(b.N), "pg-cpu-µs/step")
+	b.ReportMetric(float64((self1-self0).Microseconds())/float64(b.N), "node-cpu-µs/step")
 }
