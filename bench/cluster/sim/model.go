@@ -18,7 +18,10 @@
 //     round trips; the two were measured with 1 node (all local) and 2
 //     nodes (half remote). A parent follows a remote child by reading it
 //     every poll interval (100 ms): a child that runs T seconds costs T/0.1
-//     more reads (PollRoundTrips round trips and PollPGCPU each).
+//     more reads (PollRoundTrips round trips and PollPGCPU each). While it
+//     streams, a child commits its chunks (StreamCommits and StreamTrips
+//     per second, measured with a child that streams 20 chunks a second),
+//     local or remote alike.
 //   - Capacity. Nodes: N × NodeCores × Utilization of CPU. PostgreSQL: one
 //     primary with PGCores × Utilization of CPU and at most PGCommits
 //     commits per second (the WAL flush; with a synchronous standby each
@@ -69,6 +72,8 @@ type Params struct {
 	PollRoundTrips float64 // round trips of one poll of a remote child
 	PollPGCPUms    float64 // PostgreSQL CPU of one poll
 	PollInterval   float64 // seconds between polls (agenttool.DefaultRemotePoll)
+	StreamCommits  float64 // commits per second of a child's streaming (chunk flushes)
+	StreamTrips    float64 // round trips per second of a child's streaming
 
 	// Measured per lease step (every Lease/4 per node).
 	StepPGBase     float64 // ms of PostgreSQL CPU
@@ -135,10 +140,15 @@ func row(p Params, n int) Row {
 		// interval while it runs.
 		polls = math.Ceil(p.ChildSeconds / p.PollInterval)
 	}
+	// A child that streams for ChildSeconds flushes its chunks in commits
+	// of their own, wherever it runs; PostgreSQL's CPU for them is that of
+	// a run's round trip.
+	perTrip := p.PGCPUms / p.RoundTrips
+	streamTrips := p.ChildSeconds * p.StreamTrips
 	nodeCPU := p.NodeCPUms + r.Remote*p.NodeCPURemote
-	pgCPU := p.PGCPUms + r.Remote*(p.PGCPURemote+polls*p.PollPGCPUms)
-	commits := p.Commits + r.Remote*p.CommitsRemote
-	trips := p.RoundTrips + r.Remote*(p.RoundTripsRem+polls*p.PollRoundTrips)
+	pgCPU := p.PGCPUms + streamTrips*perTrip + r.Remote*(p.PGCPURemote+polls*p.PollPGCPUms)
+	commits := p.Commits + p.ChildSeconds*p.StreamCommits + r.Remote*p.CommitsRemote
+	trips := p.RoundTrips + streamTrips + r.Remote*(p.RoundTripsRem+polls*p.PollRoundTrips)
 
 	// Background: lease steps of every node.
 	stepsPerSec := N * 4 / p.Lease
@@ -190,10 +200,10 @@ func row(p Params, n int) Row {
 // Print writes the assumptions and the table as Markdown.
 func Print(w io.Writer, p Params, rows []Row) {
 	fmt.Fprintf(w, "Inputs (measured): node CPU %.2f ms/run local, +%.2f ms remote; PostgreSQL CPU %.2f ms/run local, +%.2f ms remote; "+
-		"commits %.2f local, +%.2f remote; round trips %.1f local, +%.1f remote; poll %.0f round trips, %.2f ms PostgreSQL CPU, every %.1f s; "+
+		"commits %.2f local, +%.2f remote; round trips %.1f local, +%.1f remote; poll %.0f round trips, %.2f ms PostgreSQL CPU, every %.1f s; streaming child %.0f commits and %.0f round trips a second; "+
 		"lease step %.2f ms + %.4f ms/shard owned + %.4f ms/shard read; hydration %.2f ms, %.0f round trips; %.0f B heap per resident instance.\n",
 		p.NodeCPUms, p.NodeCPURemote, p.PGCPUms, p.PGCPURemote, p.Commits, p.CommitsRemote, p.RoundTrips, p.RoundTripsRem,
-		p.PollRoundTrips, p.PollPGCPUms, p.PollInterval, p.StepPGBase, p.StepPGPerShard, p.StepPGPerRead,
+		p.PollRoundTrips, p.PollPGCPUms, p.PollInterval, p.StreamCommits, p.StreamTrips, p.StepPGBase, p.StepPGPerShard, p.StepPGPerRead,
 		p.HydrateMs, p.HydrateRoundTrips, p.HeapPerInstance)
 	fmt.Fprintf(w, "Assumed: %.0f cores per node, PostgreSQL primary with %.0f cores and %.0f commits/s, %.0f %% usable CPU, "+
 		"%.0f connections per node, RTT %.2f ms, lease %.0f s, %.0f shards, %s instances (at most %.0f resident per node), child run %.1f s of model time, %.2f s in flight besides.\n\n",
