@@ -168,7 +168,7 @@ type result struct {
 	retries     int64
 	serverXacts int64 // pg_stat_database commits + rollbacks of the database
 	heapPerRun  float64
-	spread      []int // children owned by each node after the runs
+	spread      []int // resident instances of each node after the runs
 	loadBefore  string
 	loadAfter   string
 
@@ -189,7 +189,7 @@ func (r result) perMs(d time.Duration) float64 {
 func (r result) print(round, n int) {
 	fmt.Printf("round %d nodes=%d: %d runs (%d failed) in %.2fs = %.0f runs/s; node CPU %.2f ms/run, PostgreSQL CPU %.2f ms/run; "+
 		"store commits %.2f, round trips %.1f, statements %.1f, read tx %.2f, retries %.3f per run; server xacts %.2f/run; "+
-		"heap %.0f B/run; children per node %v; load before %s, after %s\n",
+		"heap %.0f B/run; resident instances per node %v; load before %s, after %s\n",
 		round, n, r.runs, r.failed, r.elapsed.Seconds(), r.runsPerSec(), r.perMs(r.nodeCPU), r.perMs(r.pgCPU),
 		r.per(r.commits), r.per(r.roundTrips), r.per(r.statements), r.per(r.views), r.per(r.retries), r.per(r.serverXacts),
 		r.heapPerRun, r.spread, r.loadBefore, r.loadAfter)
