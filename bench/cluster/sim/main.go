@@ -13,13 +13,12 @@ import (
 // and a deployment's assumed sizes.
 func defaults() Params {
 	return Params{
-		// bench/cluster, 1 node (all local) and 4 nodes (75 % remote):
-		// the remote extra is (4 nodes − 1 node) / 0.75. With 2 nodes the
-		// extra of node and PostgreSQL CPU came out 4× lower (1.3 and 0.8
-		// ms): four processes on two shared cores cost more than the
-		// remote follow itself. The larger, conservative figure is used.
-		NodeCPUms: 3.38, NodeCPURemote: 5.0,
-		PGCPUms: 4.47, PGCPURemote: 5.3,
+		// bench/cluster's quietest pass (load 6–18): 1 node (all local),
+		// and the remote extra fitted from 2 nodes (50 % remote: 4.1 and
+		// 4.0 ms) and 4 nodes (75 %: 3.5 and 3.7 ms). The loaded passes
+		// gave 1.3–5.0 ms of node CPU: CPU per run moves with the load.
+		NodeCPUms: 3.21, NodeCPURemote: 3.8,
+		PGCPUms: 4.20, PGCPURemote: 3.9,
 		Commits: 3.08, CommitsRemote: 3.1,
 		RoundTrips: 42.3, RoundTripsRem: 23.7,
 		// BenchmarkClusterAwaited/nodes=2/awaited-1s-child against
