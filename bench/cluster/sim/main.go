@@ -23,7 +23,7 @@ func defaults() Params {
 		RoundTrips: 42.3, RoundTripsRem: 23.7,
 		// BenchmarkClusterAwaited/nodes=2/awaited-1s-child against
 		// nodes=2/awaited: about 2 read transactions and 6 round trips per
-		// poll; PostgreSQL CPU = 6 × the 0.105 ms per round trip of a run.
+		// poll; PostgreSQL CPU = 6 × about 0.1 ms per round trip of a run.
 		PollRoundTrips: 6, PollPGCPUms: 0.6, PollInterval: 0.1,
 		// The same benchmark: the 1 s child's 20 chunks cost 11 commits
 		// and 56 round trips more than the trivial child's (polls apart).
