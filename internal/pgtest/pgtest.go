@@ -111,13 +111,9 @@ func (c *Cluster) URL(t testing.TB) string {
 		}
 		t.Fatalf("pgtest: %v", c.startErr)
 	}
-	c.mu.Lock()
-	c.n++
-	name := "t_" + strconv.Itoa(c.n)
-	_, err := c.admin.Exec(context.Background(), "CREATE DATABASE "+name+" TEMPLATE template0")
-	c.mu.Unlock()
+	name, err := c.create()
 	if err != nil {
-		t.Fatalf("pgtest: create database: %v", err)
+		t.Fatalf("pgtest: %v", err)
 	}
 	t.Cleanup(func() {
 		c.mu.Lock()
@@ -128,6 +124,34 @@ func (c *Cluster) URL(t testing.TB) string {
 		}
 	})
 	return c.url(name)
+}
+
+// create makes a fresh, empty database and returns its name; the cluster
+// must have started.
+func (c *Cluster) create() (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	name := "t_" + strconv.Itoa(c.n)
+	if _, err := c.admin.Exec(context.Background(), "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
+		return "", fmt.Errorf("create database: %w", err)
+	}
+	return name, nil
+}
+
+// NewDatabase is URL for a program that is not a test (a load command):
+// it starts the cluster on first use and creates a fresh, empty database,
+// which lives until Stop. A missing PostgreSQL is an error.
+func (c *Cluster) NewDatabase() (string, error) {
+	c.once.Do(func() { c.startErr = c.start() })
+	if c.startErr != nil {
+		return "", fmt.Errorf("pgtest: %w", c.startErr)
+	}
+	name, err := c.create()
+	if err != nil {
+		return "", fmt.Errorf("pgtest: %w", err)
+	}
+	return c.url(name), nil
 }
 
 // Named is URL for a database that outlives one open: the first call with
