@@ -3,6 +3,7 @@ package agenttool
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -65,72 +66,99 @@ func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 
 // replay sends the registry to conn and returns the highest sequence sent
 // per run, and the runs that were in flight.
+//
+// The runs and their stored chunks are read in one snapshot (a terminal
+// written in between would renumber the chunks stored after its mark),
+// and each run is sent as soon as its chunks have been read, so the
+// client parses the first runs while the later ones are still read.
 func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, map[string]bool) {
 	sent := map[string]int64{}
 	active := map[string]bool{}
-	// The runs and their stored chunks are read in one snapshot: a
-	// terminal written in between would renumber the chunks stored after
-	// its mark.
-	var runs []runRow
-	var stored map[string][]chunk
+	var listed int
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		var err error
-		if runs, err = h.queryRuns(ctx, tx, ""); err != nil || len(runs) == 0 {
+		runs, err := h.queryRuns(ctx, tx, "")
+		if err != nil {
 			return err
 		}
-		stored, err = h.storedChunks(ctx, tx)
-		return err
+		listed = len(runs)
+		if len(runs) == 0 {
+			return nil
+		}
+		groups, err := h.chunkGroups(ctx, tx)
+		if err != nil {
+			return err
+		}
+		defer groups.close()
+		// The chunks come grouped by child, in the children's order, which
+		// is nearly the runs' start order: a group read ahead of its run
+		// waits here.
+		ahead := map[string][]chunk{}
+		for _, r := range runs {
+			chunks, ok := ahead[r.RunID]
+			delete(ahead, r.RunID)
+			for !ok {
+				run, list, more := groups.next()
+				if !more {
+					break
+				}
+				if run == r.RunID {
+					chunks, ok = list, true
+				} else {
+					ahead[run] = list
+				}
+			}
+			h.replayRun(conn, r, chunks, sent, active)
+		}
+		return groups.err()
 	})
 	if err != nil {
 		h.b.Logger().Error("agenttool: replay", "err", err)
-		return sent, active
 	}
 	h.mu.Lock()
 	switch {
-	case len(runs) > 0:
+	case listed > 0:
 		h.hasRuns = 1
-	case h.hasRuns == -1:
+	case err == nil && h.hasRuns == -1:
 		// None when listed; a run recorded since (hasRuns = 1) must not
 		// be forgotten, or a later connection would skip its replay and
 		// miss a started event broadcast before it was admitted.
 		h.hasRuns = 0
 	}
 	h.mu.Unlock()
-	if len(runs) == 0 {
-		return sent, active
-	}
-	for _, r := range runs {
-		send := func(seq int64, ev Event) {
-			frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: r.ParentToolCallID, Sequence: seq, Replay: true, Event: ev})
-			if err == nil {
-				conn.SendRaw(frame)
-				sent[r.RunID] = max(sent[r.RunID], seq)
-			}
-		}
-		order := r.DisplayOrder
-		send(0, Event{Kind: "started", RunID: r.RunID, AgentType: r.AgentType, InputPreview: r.InputPreview, Order: &order, Display: r.Display})
-		chunks := stored[r.RunID]
-		var waiting []chat.WaitingCall
-		if r.Status.Active() {
-			waiting = h.residentWaiting(r)
-			active[r.RunID] = true
-		}
-		for _, c := range compact(chunks) {
-			send(eventSeq(c.seq, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: c.body})
-		}
-		if len(waiting) > 0 {
-			// A run that waits for input says so, as live (waiting.go).
-			at := 0
-			if n := len(chunks); n > 0 {
-				at = chunks[n-1].seq + 1
-			}
-			send(eventSeq(at, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: waitingProgress(at, waiting)})
-		}
-		if !r.Status.Active() && len(r.marks) > 0 {
-			send(terminalSeq(r.marks), terminalEvent(r.Result()))
-		}
-	}
 	return sent, active
+}
+
+// replayRun sends one run: started, its stored chunks and, for a finished
+// run, its terminal event.
+func (h *host) replayRun(conn *agent.Conn, r runRow, chunks []chunk, sent map[string]int64, active map[string]bool) {
+	send := func(seq int64, ev Event) {
+		frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: r.ParentToolCallID, Sequence: seq, Replay: true, Event: ev})
+		if err == nil {
+			conn.SendRaw(frame)
+			sent[r.RunID] = max(sent[r.RunID], seq)
+		}
+	}
+	order := r.DisplayOrder
+	send(0, Event{Kind: "started", RunID: r.RunID, AgentType: r.AgentType, InputPreview: r.InputPreview, Order: &order, Display: r.Display})
+	var waiting []chat.WaitingCall
+	if r.Status.Active() {
+		waiting = h.residentWaiting(r)
+		active[r.RunID] = true
+	}
+	for _, c := range compact(chunks) {
+		send(eventSeq(c.seq, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: c.body})
+	}
+	if len(waiting) > 0 {
+		// A run that waits for input says so, as live (waiting.go).
+		at := 0
+		if n := len(chunks); n > 0 {
+			at = chunks[n-1].seq + 1
+		}
+		send(eventSeq(at, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: waitingProgress(at, waiting)})
+	}
+	if !r.Status.Active() && len(r.marks) > 0 {
+		send(terminalSeq(r.marks), terminalEvent(r.Result()))
+	}
 }
 
 type chunk struct {
@@ -138,45 +166,77 @@ type chunk struct {
 	body string
 }
 
-// storedChunks reads the stored stream chunks of every child run of this
-// parent in one query.
-func (h *host) storedChunks(ctx context.Context, tx store.Tx) (map[string][]chunk, error) {
-	out := map[string][]chunk{}
-	err := func() error {
-		// A run's stream is its turn's, and those of the continuations
-		// that its waits for input led to (they write the same message and
-		// continue its sequence).
-		rows, err := tx.Query(ctx, `SELECT c.run_id, ch.seq, ch.body
-			FROM instances i
-			JOIN agent_tool_child_runs c ON c.instance_id = i.id AND i.name = c.run_id
-			JOIN chat_streams s0 ON s0.instance_id = c.instance_id AND s0.id = c.request_id
-			JOIN chat_streams s ON s.instance_id = c.instance_id AND s.message_id = s0.message_id AND s.retain = 1
-			JOIN chat_chunks ch ON ch.instance_id = c.instance_id AND ch.stream_id = s.id
-			WHERE i.parent_id = ?`, h.iid)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var run string
-			var c chunk
-			if err := rows.Scan(&run, &c.seq, &c.body); err != nil {
-				return err
-			}
-			out[run] = append(out[run], c)
-		}
-		return rows.Err()
-	}()
-	// Without an ORDER BY (which made SQLite sort every chunk of every
-	// run in a temporary B-tree), the rows come in the primary key's
-	// order per child; a run whose rows did not is sorted here.
-	for _, list := range out {
-		if !slices.IsSortedFunc(list, byChunkSeq) {
-			slices.SortFunc(list, byChunkSeq)
-		}
+// chunkGroups reads the stored stream chunks of every child run of this
+// parent in one query, run by run.
+func (h *host) chunkGroups(ctx context.Context, tx store.Tx) (*chunkReader, error) {
+	// A run's stream is its turn's, and those of the continuations that
+	// its waits for input led to (they write the same message and continue
+	// its sequence). Without an ORDER BY (which made SQLite sort every
+	// chunk of every run in a temporary B-tree), the rows come in the
+	// primary key's order, child by child.
+	rows, err := tx.Query(ctx, `SELECT c.run_id, ch.seq, ch.body
+		FROM instances i
+		JOIN agent_tool_child_runs c ON c.instance_id = i.id AND i.name = c.run_id
+		JOIN chat_streams s0 ON s0.instance_id = c.instance_id AND s0.id = c.request_id
+		JOIN chat_streams s ON s.instance_id = c.instance_id AND s.message_id = s0.message_id AND s.retain = 1
+		JOIN chat_chunks ch ON ch.instance_id = c.instance_id AND ch.stream_id = s.id
+		WHERE i.parent_id = ?`, h.iid)
+	if err != nil {
+		return nil, err
 	}
-	return out, err
+	return &chunkReader{rows: rows}, nil
 }
+
+// chunkReader hands out the rows of chunkGroups one run at a time.
+type chunkReader struct {
+	rows    *sql.Rows
+	pending *runChunk // the first row of the next run, read ahead
+	failed  error
+	done    bool
+}
+
+type runChunk struct {
+	run string
+	c   chunk
+}
+
+// next returns the next run's chunks in sequence order; more is false
+// once every row was read.
+func (r *chunkReader) next() (run string, list []chunk, more bool) {
+	if r.pending != nil {
+		run, list = r.pending.run, []chunk{r.pending.c}
+		r.pending = nil
+	}
+	for !r.done && r.rows.Next() {
+		var id string
+		var c chunk
+		if err := r.rows.Scan(&id, &c.seq, &c.body); err != nil {
+			r.failed, r.done = err, true
+			break
+		}
+		if list != nil && id != run {
+			r.pending = &runChunk{id, c}
+			break
+		}
+		run = id
+		list = append(list, c)
+	}
+	if r.pending == nil && !r.done {
+		r.done = true
+		r.failed = r.rows.Err()
+	}
+	if list == nil {
+		return "", nil, false
+	}
+	if !slices.IsSortedFunc(list, byChunkSeq) {
+		slices.SortFunc(list, byChunkSeq)
+	}
+	return run, list, true
+}
+
+func (r *chunkReader) err() error { return r.failed }
+
+func (r *chunkReader) close() { r.rows.Close() }
 
 func byChunkSeq(a, b chunk) int { return cmp.Compare(a.seq, b.seq) }
 
