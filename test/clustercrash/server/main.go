@@ -168,6 +168,7 @@ func main() {
 		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker} }, Public: true})
 		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
+		rt.MustRegister(tickerClass(*nodeID))
 		srv := server.New(server.Options{Runtime: rt, Logger: logger})
 		return clusterserve.App{Runtime: rt, Handler: srv,
 			Close: func() error { srv.Close(); return rt.Close() },
