@@ -3,7 +3,6 @@ package clustercrash
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -226,14 +225,4 @@ func (e *env) lateWrites(h leaseHistory) (int, []lateWrite) {
 		e.t.Fatal(err)
 	}
 	return checked, late
-}
-
-// sortedKeys returns m's keys in order.
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
