@@ -22,6 +22,7 @@ require (
 	go.uber.org/goleak v1.3.0
 	google.golang.org/protobuf v1.36.12
 	modernc.org/sqlite v1.62.0
+	pgregory.net/rapid v1.3.0
 )
 
 require (

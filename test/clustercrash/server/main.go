@@ -350,6 +350,7 @@ func main() {
 		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
 		rt.MustRegister(agent.Class{Name: "Prog", New: func() agent.Agent { return &Prog{step: *step} }})
+		rt.MustRegister(tickerClass(*nodeID))
 		// debug/resident?path= says whether this node holds the instance
 		// in memory.
 		debug := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
