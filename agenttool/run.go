@@ -237,7 +237,7 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 	h.mu.Unlock()
 	cr, started, err := ch.startChildRun(ctx, run.RunID, input,
 		ChildRequest{RunID: run.RunID, AgentType: run.AgentType, ParentPath: h.b.Path()},
-		childStart{fuse: &parentFuse{parent: h, runID: run.RunID}, parentTx: func(ctx context.Context, tx store.Tx) error {
+		childStart{fuse: &parentFuse{parent: h, runID: run.RunID}, parent: h.a, parentTx: func(ctx context.Context, tx store.Tx) error {
 			inserted, taken, err := h.insertRunTx(ctx, tx, running, 0, det)
 			switch {
 			case err != nil:

@@ -74,7 +74,7 @@ func pathOnShard(t testing.TB, shard int) agent.Path {
 func fence(t testing.TB, d *db, n *Node, p agent.Path) error {
 	t.Helper()
 	tx, stx := d.begin(t)
-	err := n.Fence(context.Background(), stx, p)
+	err := n.Fence(context.Background(), stx, p, 0)
 	if err != nil {
 		tx.Rollback()
 		return err
@@ -241,7 +241,7 @@ func TestFenceHoldsOffTakeover(t *testing.T) {
 	step(t, a)
 	p := pathOnShard(t, 11)
 	tx, stx := d.begin(t)
-	if err := a.Fence(context.Background(), stx, p); err != nil {
+	if err := a.Fence(context.Background(), stx, p, 0); err != nil {
 		t.Fatal(err)
 	}
 	b := join(t, d, "b", clockB, nil)
@@ -277,7 +277,7 @@ func TestPausedTransactionLosesItsLock(t *testing.T) {
 	step(t, a)
 	p := pathOnShard(t, 5)
 	tx, stx := d.begin(t)
-	if err := a.Fence(context.Background(), stx, p); err != nil {
+	if err := a.Fence(context.Background(), stx, p, 0); err != nil {
 		t.Fatal(err)
 	}
 	// a pauses here, inside its transaction. The database ends the
