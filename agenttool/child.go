@@ -274,8 +274,9 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 			if err := h.rt.FenceAgent(ctx, tx, f.parent.a); err != nil {
 				return err
 			}
+			_, observed := f.parent.a.(FinishObserver)
 			won, marks, err := writeTerminalTx(ctx, tx, f.parent.iid, cr.runID,
-				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli())
+				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli(), observed)
 			h.mu.Lock()
 			f.won, f.marks = won, marks
 			h.mu.Unlock()

@@ -72,6 +72,14 @@ func (h *host) LayerStarted(ctx context.Context) {
 	if !skip {
 		h.resumeDetached(ctx)
 	}
+	if undelivered := h.undelivered; len(undelivered) > 0 {
+		h.undelivered = nil
+		release := h.b.KeepAlive()
+		h.rt.Go(func(ctx context.Context) {
+			defer release()
+			h.redeliverFinishes(agent.WithAgent(ctx, h.a), undelivered)
+		})
+	}
 	rows := h.stale
 	h.stale = nil
 	if len(rows) == 0 {

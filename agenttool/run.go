@@ -235,9 +235,14 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 	h.mu.Lock()
 	h.hasRuns = 1
 	h.mu.Unlock()
+	// The parent's pending delivery marks ride the dispatch.
+	ms := h.takeMarks()
 	cr, started, err := ch.startChildRun(ctx, run.RunID, input,
 		ChildRequest{RunID: run.RunID, AgentType: run.AgentType, ParentPath: h.b.Path()},
 		childStart{fuse: &parentFuse{parent: h, runID: run.RunID}, parent: h.a, parentTx: func(ctx context.Context, tx store.Tx) error {
+			if err := h.writeMarksTx(ctx, tx, ms); err != nil {
+				return err
+			}
 			inserted, taken, err := h.insertRunTx(ctx, tx, running, 0, det)
 			switch {
 			case err != nil:
@@ -250,6 +255,9 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 			}
 			return nil
 		}})
+	if err != nil || !started {
+		h.restoreMarks(ms)
+	}
 	if exists {
 		unregister()
 		row, _, err := h.readRun(ctx, run.RunID)
@@ -779,12 +787,7 @@ func (h *host) finished(ctx context.Context, row runRow, res Result, won bool, m
 	h.publish(ctx, "finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
 	switch {
 	case !row.det.Detached:
-		if o, ok := h.a.(FinishObserver); ok {
-			_ = agent.Enter(ctx, h.a, func(ctx context.Context) error {
-				o.OnAgentToolFinish(ctx, run, res)
-				return nil
-			})
-		}
+		h.deliverFinish(ctx, run, res, marks)
 	case res.Status == StatusInterrupted:
 		if err := h.deliver(ctx, slotGiveUp, row, run, res); err != nil {
 			h.b.Logger().Warn("agenttool: delivery", "run", row.RunID, "err", err)
