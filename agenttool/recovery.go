@@ -61,8 +61,9 @@ func (h *host) reattachLimits() reattachLimits {
 // LayerStarted resumes the parent's unfinished runs after a restart or an
 // eviction, in the background so start-up never waits for it: awaited runs
 // that were in flight are recovered (collected when their child already
-// finished, re-attached when it still runs), detached runs go back to their
-// reconcile.
+// finished, re-attached when it still runs), awaited runs whose end was
+// recorded but not delivered to OnAgentToolFinish are delivered, detached
+// runs go back to their reconcile.
 func (h *host) LayerStarted(ctx context.Context) {
 	h.mu.Lock()
 	// A new instance has no detached runs but those its OnStart
