@@ -123,11 +123,9 @@ func (h *host) deliverFinish(ctx context.Context, run Run, res Result, marks []i
 	if ran {
 		// Marked in the hook's own transaction (or, if that transaction
 		// failed, left for the next start to deliver again).
-		h.publish(ctx, "finish:delivered", map[string]any{"runId": run.RunID, "mark": "hook"})
 		return
 	}
 	h.queueMark(pendingMark{runID: run.RunID, marks: d.marks, stamp: d.stamp})
-	h.publish(ctx, "finish:delivered", map[string]any{"runId": run.RunID, "mark": "queued"})
 }
 
 // markFlushDelay is how long the delivery mark of a hook that wrote
@@ -156,10 +154,13 @@ func (h *host) queueMark(m pendingMark) {
 		return
 	}
 	h.rt.Go(func(ctx context.Context) {
-		t := h.rt.Clock().NewTimer(markFlushDelay)
+		// Real time, not the runtime's clock: nothing waits for this
+		// timer, and a test's fake clock must not count it among the
+		// timers it waits for.
+		t := time.NewTimer(markFlushDelay)
 		defer t.Stop()
 		select {
-		case <-t.Chan():
+		case <-t.C:
 		case <-ctx.Done():
 			ctx = context.WithoutCancel(ctx) // closing: write them now
 		}
@@ -215,7 +216,7 @@ func (h *host) writeMarksTx(ctx context.Context, tx store.Tx, ms []pendingMark) 
 // failed), from the parent's start.
 func (h *host) redeliverFinishes(ctx context.Context, rows []runRow) {
 	for _, row := range rows {
-		h.publish(ctx, "recovery:redeliver", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(row.Status)})
 		h.deliverFinish(ctx, row.Run, row.Result(), row.marks)
+		h.publish(ctx, "recovery:redelivered", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(row.Status)})
 	}
 }

@@ -212,7 +212,7 @@ func TestFinishDeliveredOnceAcrossRestarts(t *testing.T) {
 	e2.parent(t)
 	for _, id := range []string{"failed", "crashed"} {
 		e2.ev.waitCount(t, testCtx(t), func() string { return "the delivery of " + id }, 1, func(ev diag.Event) bool {
-			return ev.Type == "finish:delivered" && ev.Attrs["runId"] == id
+			return ev.Type == "recovery:redelivered" && ev.Attrs["runId"] == id
 		})
 	}
 	if !e2.delivered(t, "failed") || !e2.delivered(t, "crashed") {
@@ -244,7 +244,7 @@ func TestFinishDeliveredOnceAcrossRestarts(t *testing.T) {
 	// Everything is delivered now: a third start delivers nothing.
 	e3 := delStart(t, k, e1.Dir)
 	e3.run(t, "after") // the parent started, and a run ended since
-	if n := e3.ev.countWhere(func(ev diag.Event) bool { return ev.Type == "recovery:redeliver" }); n != 0 {
+	if n := e3.ev.countWhere(func(ev diag.Event) bool { return ev.Type == "recovery:redelivered" }); n != 0 {
 		t.Errorf("%d redeliveries after everything was delivered", n)
 	}
 	if got := e3.ledger(t); len(got) != 4 {

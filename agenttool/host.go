@@ -126,11 +126,14 @@ type host struct {
 	opts *Options
 	iid  int64
 
-	armMu     sync.Mutex // serializes arming the reconcile tick
-	mu        sync.Mutex
-	live      map[string]*liveRun  // parent: runs awaited in this process
-	admitted  map[*agent.Conn]bool // connections whose replay has begun
-	replaying map[*agent.Conn]*[]pendingFrame
+	armMu sync.Mutex // serializes arming the reconcile tick
+	mu    sync.Mutex
+	live  map[string]*liveRun // parent: runs awaited in this process
+	// recovering holds the runs whose end the parent's recovery records
+	// now (recoveredRow), closed when it is recorded.
+	recovering map[string]chan struct{}
+	admitted   map[*agent.Conn]bool // connections whose replay has begun
+	replaying  map[*agent.Conn]*[]pendingFrame
 	// replayed holds, per connection, the last sequence its replay sent of
 	// runs that were in flight: a forwarder that catches up later sends
 	// those frames again, and the connection must not get them twice.
@@ -190,6 +193,7 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	}
 	h.iid = h.b.InstanceID()
 	h.live = map[string]*liveRun{}
+	h.recovering = map[string]chan struct{}{}
 	h.replaying = map[*agent.Conn]*[]pendingFrame{}
 	h.admitted = map[*agent.Conn]bool{}
 	h.unstarted = map[string]chan struct{}{}

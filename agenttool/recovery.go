@@ -305,6 +305,26 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 // recoveredRow finalizes one row during recovery and reports it on the
 // agentTool channel with its typed reason.
 func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, res Result, mark int) {
+	// A dispatch of the run id that came meanwhile follows the run and
+	// records its end: the recovery leaves it to that dispatch, so the run
+	// ends once (an interrupted end here and the real one there would
+	// both be delivered). A dispatch that comes while this end is being
+	// recorded waits for it (registerLive).
+	h.mu.Lock()
+	if _, live := h.live[row.RunID]; live {
+		h.mu.Unlock()
+		h.publish(ctx, "recovery:skip", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
+		return
+	}
+	done := make(chan struct{})
+	h.recovering[row.RunID] = done
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.recovering, row.RunID)
+		h.mu.Unlock()
+		close(done)
+	}()
 	if res.Reason == ReasonRecoveryDeadline {
 		h.publish(ctx, "recovery:deadline", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
 			"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})

@@ -73,36 +73,22 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	if err != nil {
 		return Result{}, fmt.Errorf("agenttool: marshal input: %w", err)
 	}
-	if opts.RunID == "" {
-		// A new id: no row can hold it (and recording the run checks).
-	} else if row, ok, err := h.readRun(ctx, runID); err != nil {
-		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
-	} else if ok {
-		return h.redispatch(ctx, row, det.Detached, input)
-	}
-	preview, err := inputPreview(opts.InputPreview, opts.Input, input)
-	if err != nil {
-		return Result{}, err
-	}
-	run := Run{RunID: runID, ParentToolCallID: opts.ParentToolCallID, AgentType: class, InputPreview: preview,
-		Status: StatusStarting, Display: opts.Display, DisplayOrder: opts.DisplayOrder, StartedAt: h.rt.Clock().Now(),
-		TokenBudget: opts.Tokens}
-	// An awaited run is live from before its row is written, so that
-	// CancelAgentTool (and clear) reach it while it is being dispatched,
-	// and a second dispatch of the same id waits for it instead of
-	// finding a row whose child has not started yet.
+	// An awaited run is live from before its row is read or written, so
+	// that CancelAgentTool (and clear) reach it while it is being
+	// dispatched, a second dispatch of the same id waits for it instead of
+	// finding a row whose child has not started yet, and a recovery of the
+	// parent leaves a run that a dispatch follows again to that dispatch
+	// (one end, not the recovery's interrupted one and then the real one).
 	awaitCtx := ctx
 	unregister := func() {}
 	if !det.Detached {
 		runCtx, cancelRun := context.WithCancelCause(ctx)
 		defer cancelRun(nil)
 		pre := &liveRun{cancel: cancelRun, done: make(chan struct{})}
-		h.mu.Lock()
-		other, busy := h.live[runID]
-		if !busy {
-			h.live[runID] = pre
+		other, busy, err := h.registerLive(ctx, runID, pre)
+		if err != nil {
+			return Result{}, err
 		}
-		h.mu.Unlock()
 		if busy {
 			return h.waitLive(ctx, other, runID)
 		}
@@ -120,6 +106,21 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		defer unregister()
 		awaitCtx = context.WithValue(runCtx, preKey{}, pre)
 	}
+	if opts.RunID == "" {
+		// A new id: no row can hold it (and recording the run checks).
+	} else if row, ok, err := h.readRun(ctx, runID); err != nil {
+		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
+	} else if ok {
+		h.publish(ctx, "redispatch", map[string]any{"runId": runID, "agentType": row.AgentType, "status": string(row.Status)})
+		return h.redispatch(awaitCtx, row, det.Detached, input)
+	}
+	preview, err := inputPreview(opts.InputPreview, opts.Input, input)
+	if err != nil {
+		return Result{}, err
+	}
+	run := Run{RunID: runID, ParentToolCallID: opts.ParentToolCallID, AgentType: class, InputPreview: preview,
+		Status: StatusStarting, Display: opts.Display, DisplayOrder: opts.DisplayOrder, StartedAt: h.rt.Clock().Now(),
+		TokenBudget: opts.Tokens}
 	maxActive := 0
 	if l, ok := parent.(ConcurrencyLimiter); ok {
 		maxActive = l.MaxConcurrentAgentTools()
@@ -296,6 +297,37 @@ func (h *host) waitLive(ctx context.Context, other *liveRun, runID string) (Resu
 	return r.Result(), err
 }
 
+// registerLive registers a dispatch's run as live, unless another caller
+// has it live (busy: its registration is other). A recovery of the parent
+// that is recording the run's end now is waited for first (an await point):
+// the dispatch then reads that end.
+func (h *host) registerLive(ctx context.Context, runID string, pre *liveRun) (other *liveRun, busy bool, err error) {
+	for {
+		h.mu.Lock()
+		rec, recovering := h.recovering[runID]
+		if !recovering {
+			other, busy = h.live[runID]
+			if !busy {
+				h.live[runID] = pre
+			}
+			h.mu.Unlock()
+			return other, busy, nil
+		}
+		h.mu.Unlock()
+		err := agent.Await(ctx, func() error {
+			select {
+			case <-rec:
+				return nil
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		})
+		if err != nil {
+			return nil, false, err
+		}
+	}
+}
+
 // dispatchFailed records a run whose child could not be started.
 func (h *host) dispatchFailed(ctx context.Context, row runRow, msg string) (Result, error) {
 	res, err := h.finish(ctx, row, Result{Status: StatusError, Error: msg}, 0)
@@ -335,7 +367,7 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	h.mu.Lock()
 	other, busy := h.live[row.RunID]
 	h.mu.Unlock()
-	if busy {
+	if busy && other != ctx.Value(preKey{}) {
 		return h.waitLive(ctx, other, row.RunID)
 	}
 	if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
