@@ -1463,9 +1463,14 @@ func TestRecoveryLeavesARedispatchedRunToItsDispatch(t *testing.T) {
 	recSeed(t, e.RT.DB(), p, "b1", "RecBlocking", e.clock.Now())
 	p = recRehydrate(t, e, p) // its recovery's inspection of b1 hangs
 	e.ev.wait(t, "recovery:begin", "")
+	// The recovery waits for the inspection (its timeout's timer is
+	// armed): it passed the check that skips runs live already.
+	if err := e.clock.BlockUntilContext(recCtx(t), 1); err != nil {
+		t.Fatal(err)
+	}
 	out := recDispatch(p, "RecBlocking", "b1", "again")
 	e.ev.wait(t, "redispatch", "b1") // live: it waits for the child too
-	e.recBudget(t, 1, 2*time.Second) // the inspection times out
+	e.clock.Advance(2 * time.Second) // the inspection times out
 	e.ev.wait(t, "recovery:skip", "b1")
 	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row after the recovery skipped it %+v, want running", r)
