@@ -46,9 +46,9 @@ type placedAgent struct{ agent.Base }
 // back (a new epoch) and hydrate the instance again. Every write of the
 // dropped hydration, on its own or inside another instance's transaction
 // (FenceAgent), is fenced with the epoch it was hydrated under and
-// refused; the new hydration writes. (A dropped parent that still wrote
-// its runs' ends and fired their hooks beside its new hydration fired a
-// finish hook twice.)
+// refused; the new hydration writes. (A dropped parent that could still
+// write its runs' ends beside its new hydration would record a run's end,
+// and tell its finish hook, twice.)
 func TestDroppedHydrationCannotWrite(t *testing.T) {
 	l := &leases{epoch: 1}
 	e := startRuntime(t, rtOptions{place: l, classes: []agent.Class{
