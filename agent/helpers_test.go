@@ -68,6 +68,7 @@ type rtOptions struct {
 	// maxCalls and maxInstances are the runtime's limits; 0 means the
 	// defaults.
 	maxCalls, maxInstances int
+	place                  agent.Placement // nil: a single node
 }
 
 // newRuntime opens the DB and creates the runtime without starting it, so a
@@ -87,7 +88,7 @@ func newRuntime(t testing.TB, o rtOptions) *rtEnv {
 	sdb := teststore.Open(t, &pg, o.dir)
 	db := &notifyDB{DB: sdb, changed: make(chan struct{}, 1)}
 	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: o.idle,
-		MaxCallsPerConn: o.maxCalls, MaxInstances: o.maxInstances})
+		MaxCallsPerConn: o.maxCalls, MaxInstances: o.maxInstances, Placement: o.place})
 	if err != nil {
 		sdb.Close()
 		t.Fatal(err)

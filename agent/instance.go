@@ -27,6 +27,9 @@ type instance struct {
 	hydrateErr error
 	id         int64 // row id in instances
 	created    bool  // this hydration created the row (set before the layers start)
+	// epoch is the lease epoch this hydration was made under
+	// (Placement.Epoch); its writes are fenced with it.
+	epoch int64
 
 	// busy, lastActive, gone and the idle list links are guarded by rt.mu.
 	busy       int
@@ -52,8 +55,9 @@ func newInstance(rt *Runtime, path Path, ci *classInfo) *instance {
 	}
 }
 
-// db is the database as this instance writes it (fenced in a cluster).
-func (in *instance) db() store.DB { return in.rt.dbFor(in.path) }
+// db is the database as this instance writes it (fenced in a cluster, by
+// the epoch of this hydration).
+func (in *instance) db() store.DB { return in.rt.dbAt(in.path, in.epoch) }
 
 func (in *instance) isReady() bool {
 	select {

@@ -17,10 +17,22 @@ import (
 type Placement interface {
 	// Owns reports whether this node serves the instance at path now.
 	Owns(path Path) bool
+	// Epoch returns the epoch of the lease under which this node serves
+	// the instance at path now; ok is false when it does not serve it
+	// (whenever Owns is false). A
+	// hydration of the instance records it, and its writes are fenced
+	// with it.
+	Epoch(path Path) (epoch int64, ok bool)
 	// Fence runs first in every write transaction of the instance at path;
 	// an error aborts the transaction. It is how a node that lost the
 	// instance (even one paused past its lease) is kept from writing.
-	Fence(ctx context.Context, tx store.Tx, path Path) error
+	// epoch is the epoch the writing hydration of the instance was made
+	// under (Epoch at its hydration): a write of an earlier hydration is
+	// refused even when this node holds the lease again, at a later
+	// epoch, so an instance dropped with a lost lease never writes beside
+	// its next hydration. Zero fences by the lease this node holds now,
+	// for a write that belongs to no one hydration.
+	Fence(ctx context.Context, tx store.Tx, path Path, epoch int64) error
 }
 
 // RemoteGate is an optional part of a Placement: it asks the node that
@@ -36,16 +48,18 @@ type RemoteGate interface {
 var ErrNotOwner = errors.New("agent: instance owned by another node")
 
 // fencedDB is an instance's view of the runtime's database: every Update
-// runs the placement's fence for the instance first.
+// runs the placement's fence for the instance first, at the epoch of its
+// hydration (0: the lease held now).
 type fencedDB struct {
 	store.DB
-	p    Placement
-	path Path
+	p     Placement
+	path  Path
+	epoch int64
 }
 
 func (d fencedDB) Update(ctx context.Context, fn func(store.Tx) error) error {
 	return d.DB.Update(ctx, func(tx store.Tx) error {
-		if err := d.p.Fence(ctx, tx, d.path); err != nil {
+		if err := d.p.Fence(ctx, tx, d.path, d.epoch); err != nil {
 			return err
 		}
 		return fn(tx)
@@ -53,12 +67,15 @@ func (d fencedDB) Update(ctx context.Context, fn func(store.Tx) error) error {
 }
 
 // dbFor returns the database as the instance at path writes it: fenced
-// under a placement.
-func (rt *Runtime) dbFor(path Path) store.DB {
+// under a placement by the lease held now.
+func (rt *Runtime) dbFor(path Path) store.DB { return rt.dbAt(path, 0) }
+
+// dbAt is dbFor fenced at a hydration's epoch.
+func (rt *Runtime) dbAt(path Path, epoch int64) store.DB {
 	if rt.place == nil {
 		return rt.db
 	}
-	return fencedDB{DB: rt.db, p: rt.place, path: path}
+	return fencedDB{DB: rt.db, p: rt.place, path: path, epoch: epoch}
 }
 
 // DBFor returns the database as the instance at path must write it: with a
@@ -66,15 +83,30 @@ func (rt *Runtime) dbFor(path Path) store.DB {
 // layers write each instance's rows through it (Base.DB).
 func (rt *Runtime) DBFor(path Path) store.DB { return rt.dbFor(path) }
 
-// Fence runs the placement's fence for the instance at path in tx, for a
-// transaction that also writes another instance's rows (a child's turn end
-// that writes its parent's registry row). Without a placement it does
-// nothing.
+// Fence runs the placement's fence for the instance at path in tx, by the
+// lease this node holds now, for a transaction that also writes another
+// instance's rows. Without a placement it does nothing. FenceAgent fences
+// one hydration, which is what a write on behalf of an agent in memory
+// needs.
 func (rt *Runtime) Fence(ctx context.Context, tx store.Tx, path Path) error {
 	if rt.place == nil {
 		return nil
 	}
-	return rt.place.Fence(ctx, tx, path)
+	return rt.place.Fence(ctx, tx, path, 0)
+}
+
+// FenceAgent runs, in tx, the fence that every write of the hydrated
+// instance a runs (Base.DB): for a transaction of another instance that
+// also writes a's rows (a child's turn end that writes its parent's
+// registry row). A hydration dropped when its node lost the lease cannot
+// pass it, even after the node took the lease back. Without a placement it
+// does nothing.
+func (rt *Runtime) FenceAgent(ctx context.Context, tx store.Tx, a Agent) error {
+	if rt.place == nil {
+		return nil
+	}
+	in := a.base().in
+	return rt.place.Fence(ctx, tx, in.path, in.epoch)
 }
 
 // Owns reports whether this runtime serves the instance at path: always

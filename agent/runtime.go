@@ -475,9 +475,13 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 		return nil, ErrClosed
 	}
 	in, ok := rt.instances[key]
-	if !ok && rt.place != nil && !rt.place.Owns(path) {
-		rt.mu.Unlock()
-		return nil, notOwned(path)
+	var epoch int64
+	if !ok && rt.place != nil {
+		var held bool
+		if epoch, held = rt.place.Epoch(path); !held {
+			rt.mu.Unlock()
+			return nil, notOwned(path)
+		}
 	}
 	var evicted []*instance
 	if !ok {
@@ -494,6 +498,7 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 			evicted = append(evicted, lru)
 		}
 		in = newInstance(rt, path, rt.classes[path.Leaf().Class])
+		in.epoch = epoch
 		rt.instances[key] = in
 	}
 	in.pinLocked()

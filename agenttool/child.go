@@ -136,9 +136,11 @@ func chatOf(a agent.Agent) (*chat.Base, bool) { return agent.LayerOf[*chat.Base]
 
 // childStart are the optional parts of startChildRun.
 type childStart struct {
-	// parentTx adds the parent's writes to the transaction that starts
-	// the run (see startChildRun); an error aborts the start.
+	// parentTx adds the writes of parent (the hydrated parent instance)
+	// to the transaction that starts the run (see startChildRun); an error
+	// aborts the start.
 	parentTx func(ctx context.Context, tx store.Tx) error
+	parent   agent.Agent
 	// fuse is armed on the run (see parentFuse).
 	fuse *parentFuse
 }
@@ -203,8 +205,9 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 			}
 			if opt.parentTx != nil {
 				// The parent's rows in the child's transaction: fenced
-				// for the parent too (in a cluster, both must be ours).
-				if err := h.rt.Fence(ctx, tx, req.ParentPath); err != nil {
+				// for the parent's hydration too (in a cluster, both must
+				// be ours).
+				if err := h.rt.FenceAgent(ctx, tx, opt.parent); err != nil {
 					return err
 				}
 				return opt.parentTx(ctx, tx)
@@ -268,11 +271,12 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 			if !claimed {
 				return nil
 			}
-			if err := h.rt.Fence(ctx, tx, f.parent.b.Path()); err != nil {
+			if err := h.rt.FenceAgent(ctx, tx, f.parent.a); err != nil {
 				return err
 			}
+			_, observed := f.parent.a.(FinishObserver)
 			won, marks, err := writeTerminalTx(ctx, tx, f.parent.iid, cr.runID,
-				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli())
+				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli(), observed)
 			h.mu.Lock()
 			f.won, f.marks = won, marks
 			h.mu.Unlock()

@@ -82,7 +82,34 @@ type StartObserver interface {
 }
 
 // FinishObserver is told when a run reaches a terminal state (the seed's
-// onAgentToolFinish), including cancel and clear of a run in flight.
+// onAgentToolFinish), including cancel and clear of a run in flight: once
+// per recorded end (an interrupted run that a later real result replaces
+// has two).
+//
+// The delivery of an awaited run's end is durable, in the parent's
+// registry row: a crash (or the loss of the parent's node) after the end
+// was recorded and before the hook was told leaves it undelivered, and the
+// parent's next start (a restart, the node that takes its shard over, or
+// its next use) calls the hook again. The contract:
+//
+//   - Writes the hook makes through ctx (Storage().Update, DB().Update, a
+//     dispatch: any write transaction of the runtime's database run with
+//     ctx) commit together with the mark that the end was delivered, in the
+//     same transaction, so they happen exactly once: a delivery that comes
+//     again after a crash finds the end delivered (and is not made), and
+//     one that loses a race with another is refused (its transaction rolls
+//     back). A transaction of the hook that fails in the database after
+//     its writes (at its commit) leaves the end undelivered, to be
+//     delivered again at the next start; an error that the hook's write
+//     returns before that (a failed statement) is the hook's to handle,
+//     and the end counts as delivered when the hook returns.
+//   - Anything else the hook does (memory, a message to another service)
+//     happens at least once. DeliveryKey(ctx) is the same on every
+//     delivery of one end: pass it as an idempotency key.
+//   - A hook that writes nothing through ctx costs one write after it
+//     returned (the mark); a crash before that write delivers it again.
+//
+// Detached runs are delivered through their own ledger (DetachedOptions).
 type FinishObserver interface {
 	OnAgentToolFinish(ctx context.Context, run Run, result Result)
 }
@@ -102,11 +129,14 @@ type host struct {
 	opts *Options
 	iid  int64
 
-	armMu     sync.Mutex // serializes arming the reconcile tick
-	mu        sync.Mutex
-	live      map[string]*liveRun  // parent: runs awaited in this process
-	admitted  map[*agent.Conn]bool // connections whose replay has begun
-	replaying map[*agent.Conn]*[]pendingFrame
+	armMu sync.Mutex // serializes arming the reconcile tick
+	mu    sync.Mutex
+	live  map[string]*liveRun // parent: runs awaited in this process
+	// recovering holds the runs whose end the parent's recovery records
+	// now (recoveredRow), closed when it is recorded.
+	recovering map[string]chan struct{}
+	admitted   map[*agent.Conn]bool // connections whose replay has begun
+	replaying  map[*agent.Conn]*[]pendingFrame
 	// replayed holds, per connection, the last sequence its replay sent of
 	// runs that were in flight: a forwarder that catches up later sends
 	// those frames again, and the connection must not get them twice.
@@ -116,6 +146,16 @@ type host struct {
 	// finishing counts, per run, the finish calls between their terminal
 	// write and its broadcast.
 	finishing map[string]int
+	// delivering holds the ends of awaited runs being delivered to
+	// OnAgentToolFinish now (deliverFinish).
+	delivering map[deliveryID]bool
+	// undelivered holds the awaited runs whose end StartLayer found
+	// recorded but not delivered, for LayerStarted to deliver.
+	undelivered []runRow
+	// marks are delivery marks waiting for a transaction (queueMark);
+	// markArmed: a flush of them is scheduled.
+	marks     []pendingMark
+	markArmed bool
 	stale     []runRow // parent: runs in flight when hydrated
 	// startDetached holds the undelivered detached runs that StartLayer
 	// read (startListed), for LayerStarted to resume unless a run was
@@ -161,12 +201,14 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	}
 	h.iid = h.b.InstanceID()
 	h.live = map[string]*liveRun{}
+	h.recovering = map[string]chan struct{}{}
 	h.replaying = map[*agent.Conn]*[]pendingFrame{}
 	h.admitted = map[*agent.Conn]bool{}
 	h.unstarted = map[string]chan struct{}{}
 	h.replayed = map[*agent.Conn]map[string]int64{}
 	h.child = map[string]*childRun{}
 	h.finishing = map[string]int{}
+	h.delivering = map[deliveryID]bool{}
 	h.hasRuns = -1
 	if h.b.Created() {
 		// A new instance has no runs to recover or resume.
@@ -177,12 +219,18 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	// before the agent's own OnStart (the ones to recover; runs OnStart
 	// dispatches are left alone) and the detached runs whose end is not
 	// delivered; as a child, the runs it was executing.
-	var stale, detached []runRow
+	var stale, detached, undelivered []runRow
 	var executing []childRunRef
+	_, observed := h.a.(FinishObserver)
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
 		if stale, err = h.queryRuns(ctx, tx, `AND detached = 0 AND status IN ('starting', 'running')`); err != nil {
 			return fmt.Errorf("list runs to recover: %w", err)
+		}
+		if observed {
+			if undelivered, err = h.queryRuns(ctx, tx, undeliveredAwaited); err != nil {
+				return fmt.Errorf("list undelivered runs: %w", err)
+			}
 		}
 		if detached, err = h.queryRuns(ctx, tx, undeliveredDetached); err != nil {
 			return fmt.Errorf("list detached runs: %w", err)
@@ -196,6 +244,7 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 		return fmt.Errorf("agenttool: %w", err)
 	}
 	h.stale = stale
+	h.undelivered = undelivered
 	h.startDetached, h.startListed = detached, true
 	return h.resumeChildRuns(ctx, executing)
 }

@@ -61,8 +61,9 @@ func (h *host) reattachLimits() reattachLimits {
 // LayerStarted resumes the parent's unfinished runs after a restart or an
 // eviction, in the background so start-up never waits for it: awaited runs
 // that were in flight are recovered (collected when their child already
-// finished, re-attached when it still runs), detached runs go back to their
-// reconcile.
+// finished, re-attached when it still runs), awaited runs whose end was
+// recorded but not delivered to OnAgentToolFinish are delivered, detached
+// runs go back to their reconcile.
 func (h *host) LayerStarted(ctx context.Context) {
 	h.mu.Lock()
 	// A new instance has no detached runs but those its OnStart
@@ -71,6 +72,14 @@ func (h *host) LayerStarted(ctx context.Context) {
 	h.mu.Unlock()
 	if !skip {
 		h.resumeDetached(ctx)
+	}
+	if undelivered := h.undelivered; len(undelivered) > 0 {
+		h.undelivered = nil
+		release := h.b.KeepAlive()
+		h.rt.Go(func(ctx context.Context) {
+			defer release()
+			h.redeliverFinishes(agent.WithAgent(ctx, h.a), undelivered)
+		})
 	}
 	rows := h.stale
 	h.stale = nil
@@ -276,9 +285,9 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			var res Result
 			var err error
 			if lim.collectOnly {
-				release, ok := h.claimRun(p.row.RunID)
+				release, ok := h.claimRun(ctx, p.row)
 				if !ok {
-					return // followed by a re-dispatch meanwhile
+					return // followed by a dispatch meanwhile
 				}
 				res, err = h.finish(ctx, p.row, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
 					Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, h.forwardStored(ctx, p.row, p.ch.runChunks(ctx, p.row.RunID)))
@@ -301,9 +310,9 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 // recoveredRow finalizes one row during recovery and reports it on the
 // agentTool channel with its typed reason.
 func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, res Result, mark int) {
-	release, ok := h.claimRun(row.RunID)
+	release, ok := h.claimRun(ctx, row)
 	if !ok {
-		return // followed by a re-dispatch meanwhile, which records its end
+		return // followed by a dispatch meanwhile, which records its end
 	}
 	defer release()
 	if res.Reason == ReasonRecoveryDeadline {
@@ -320,26 +329,27 @@ func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, re
 		"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
 }
 
-// claimRun makes the recovery the follower of a run while it records the
-// run's end, unless a caller follows the run already (a re-dispatch of its
-// id, which then records the end itself). While claimed, a re-dispatch
-// waits for the recorded end before it re-attaches, instead of following
-// the run with the marks it read before. release ends the claim.
-func (h *host) claimRun(runID string) (release func(), ok bool) {
+// claimRun makes the recovery the one that records a run's end, unless a
+// dispatch of its id follows the run already, which then records the end
+// itself (the run ends once: an interrupted end here and the real one
+// there would both be delivered). A dispatch that comes while the claim
+// holds waits for it (registerLive), then reads the recorded end and
+// re-attaches to a run given up. release ends the claim.
+func (h *host) claimRun(ctx context.Context, row runRow) (release func(), ok bool) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if _, busy := h.live[runID]; busy {
+	if _, live := h.live[row.RunID]; live {
+		h.mu.Unlock()
+		h.publish(ctx, "recovery:skip", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
 		return nil, false
 	}
-	lr := &liveRun{cancel: func(error) {}, done: make(chan struct{}), giveUp: true}
-	h.live[runID] = lr
+	done := make(chan struct{})
+	h.recovering[row.RunID] = done
+	h.mu.Unlock()
 	return func() {
 		h.mu.Lock()
-		if h.live[runID] == lr {
-			delete(h.live, runID)
-		}
+		delete(h.recovering, row.RunID)
 		h.mu.Unlock()
-		close(lr.done)
+		close(done)
 	}, true
 }
 

@@ -1509,3 +1509,50 @@ func TestRecoverGiveUpNumbersAfterStoredChunks(t *testing.T) {
 	}
 	check("a connect replay", recDial(t, e, "RecParent", "p").terminal("g1"))
 }
+
+// TestRecoveryLeavesARedispatchedRunToItsDispatch: a parent's recovery
+// whose inspection of a run times out leaves the run alone when a
+// dispatch of the same run id (a client repeating its request) follows it
+// meanwhile: the run ends once, completed by that dispatch, and its
+// finish hook fires once. (Recorded interrupted by the recovery and then
+// completed by the dispatch, it had two ends and two finish hooks: the
+// hook that fired twice under a kill of the parent's node.)
+func TestRecoveryLeavesARedispatchedRunToItsDispatch(t *testing.T) {
+	k := newRecKit()
+	defer func() {
+		select {
+		case <-k.block:
+		default:
+			close(k.block)
+		}
+	}()
+	e := recStart(t, k, "")
+	p := e.parent(t, "RecParent", "p")
+	recSeed(t, e.RT.DB(), p, "b1", "RecBlocking", e.clock.Now())
+	p = recRehydrate(t, e, p) // its recovery's inspection of b1 hangs
+	e.ev.wait(t, "recovery:begin", "")
+	// The recovery waits for the inspection (its timeout's timer is
+	// armed): it passed the check that skips runs live already.
+	if err := e.clock.BlockUntilContext(recCtx(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	out := recDispatch(p, "RecBlocking", "b1", "again")
+	e.ev.wait(t, "redispatch", "b1") // live: it waits for the child too
+	e.clock.Advance(2 * time.Second) // the inspection times out
+	e.ev.wait(t, "recovery:skip", "b1")
+	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
+		t.Fatalf("row after the recovery skipped it %+v, want running", r)
+	}
+	close(k.block)
+	stop := recPump(k.mclock)
+	o := recResult(t, out)
+	stop()
+	if o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != recText {
+		t.Fatalf("re-dispatch: %+v %v, want completed", o.res, o.err)
+	}
+	e.ev.wait(t, "recovery:complete", "")
+	fin := k.finishesOf("b1")
+	if len(fin) != 1 || fin[0].Result.Status != agenttool.StatusCompleted {
+		t.Fatalf("finish hooks %+v, want one, completed", fin)
+	}
+}

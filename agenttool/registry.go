@@ -151,11 +151,18 @@ func (h *host) queryRuns(ctx context.Context, tx store.Tx, where string, args ..
 // reached (checked in the same statement). It reports whether the row was
 // written; inserted=false with exists=true means the run id is taken.
 func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detachedCols) (inserted, exists bool, err error) {
+	ms := h.takeMarks()
 	err = h.b.DB().Update(ctx, func(tx store.Tx) error {
 		var err error
+		if err := h.writeMarksTx(ctx, tx, ms); err != nil {
+			return err
+		}
 		inserted, exists, err = h.insertRunTx(ctx, tx, r, maxActive, det)
 		return err
 	})
+	if err != nil {
+		h.restoreMarks(ms)
+	}
 	if inserted {
 		h.mu.Lock()
 		h.hasRuns = 1
@@ -255,7 +262,12 @@ func (h *host) writeTerminal(ctx context.Context, row runRow, res Result, mark i
 	if n := len(row.marks); n > 0 {
 		from = max(from, row.marks[n-1]) // sent before the run's last terminal
 	}
+	_, observed := h.a.(FinishObserver)
+	ms := h.takeMarks()
 	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
+		if err := h.writeMarksTx(ctx, tx, ms); err != nil {
+			return err
+		}
 		var err error
 		if late, err = storedStreamFrom(ctx, tx, child, row.RunID, from); err != nil {
 			return err
@@ -263,9 +275,12 @@ func (h *host) writeTerminal(ctx context.Context, row runRow, res Result, mark i
 		if n := len(late); n > 0 {
 			mark = late[n-1].seq + 1
 		}
-		won, marks, err = writeTerminalTx(ctx, tx, h.iid, row.RunID, res, mark, now)
+		won, marks, err = writeTerminalTx(ctx, tx, h.iid, row.RunID, res, mark, now, observed)
 		return err
 	})
+	if err != nil {
+		h.restoreMarks(ms)
+	}
 	return won, marks, late, err
 }
 
@@ -295,12 +310,16 @@ func storedStreamFrom(ctx context.Context, tx store.Tx, child, runID string, seq
 }
 
 // writeTerminalTx is writeTerminal's writes in tx, on the registry of the
-// parent instance iid (the fused end of a child writes it).
-func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, res Result, mark int, now int64) (won bool, marks []int, err error) {
+// parent instance iid (the fused end of a child writes it). For an awaited
+// run it also opens the end's delivery (finish_delivered_at): pending when
+// the parent has a FinishObserver to tell (observed), delivered at once
+// when it has none.
+func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, res Result, mark int, now int64, observed bool) (won bool, marks []int, err error) {
 	err = func() error {
 		var raw sql.NullString
-		err := tx.QueryRow(ctx, `SELECT terminal_marks FROM agent_tool_runs WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
-			iid, runID).Scan(&raw)
+		var detached int
+		err := tx.QueryRow(ctx, `SELECT terminal_marks, detached FROM agent_tool_runs WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
+			iid, runID).Scan(&raw, &detached)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
@@ -316,12 +335,23 @@ func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, 
 		if res.ChildStillRunning != nil {
 			still = boolInt(*res.ChildStillRunning)
 		}
+		args := []any{res.Status, nullStr(res.Summary), nullStr(string(res.Output)), nullStr(res.Error),
+			nullStr(string(res.Reason)), still, now, string(mj), usageColumn(res.Usage)}
+		setDelivered := ""
+		if detached == 0 {
+			// A detached run's deliveries have their own ledger (deliver).
+			var delivered any // pending
+			if !observed {
+				delivered = now
+			}
+			setDelivered = `, finish_delivered_at = ?`
+			args = append(args, delivered)
+		}
 		r, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ?, summary = ?, output_json = ?, error_message = ?,
 				interrupted_reason = ?, child_still_running = ?, completed_at = ?, terminal_marks = ?,
-				usage_json = COALESCE(?, usage_json)
+				usage_json = COALESCE(?, usage_json)`+setDelivered+`
 			WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
-			res.Status, nullStr(res.Summary), nullStr(string(res.Output)), nullStr(res.Error),
-			nullStr(string(res.Reason)), still, now, string(mj), usageColumn(res.Usage), iid, runID)
+			append(args, iid, runID)...)
 		if err != nil {
 			return err
 		}

@@ -20,9 +20,6 @@ import (
 type liveRun struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{}
-	// giveUp marks a recovery recording the run's give-up (claimRun): a
-	// dispatch of the run id waits for it, then re-attaches to the run.
-	giveUp bool
 }
 
 // RunAgentTool runs the chat agent class as a child of parent and waits
@@ -76,36 +73,22 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	if err != nil {
 		return Result{}, fmt.Errorf("agenttool: marshal input: %w", err)
 	}
-	if opts.RunID == "" {
-		// A new id: no row can hold it (and recording the run checks).
-	} else if row, ok, err := h.readRun(ctx, runID); err != nil {
-		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
-	} else if ok {
-		return h.redispatch(ctx, row, det.Detached, input)
-	}
-	preview, err := inputPreview(opts.InputPreview, opts.Input, input)
-	if err != nil {
-		return Result{}, err
-	}
-	run := Run{RunID: runID, ParentToolCallID: opts.ParentToolCallID, AgentType: class, InputPreview: preview,
-		Status: StatusStarting, Display: opts.Display, DisplayOrder: opts.DisplayOrder, StartedAt: h.rt.Clock().Now(),
-		TokenBudget: opts.Tokens}
-	// An awaited run is live from before its row is written, so that
-	// CancelAgentTool (and clear) reach it while it is being dispatched,
-	// and a second dispatch of the same id waits for it instead of
-	// finding a row whose child has not started yet.
+	// An awaited run is live from before its row is read or written, so
+	// that CancelAgentTool (and clear) reach it while it is being
+	// dispatched, a second dispatch of the same id waits for it instead of
+	// finding a row whose child has not started yet, and a recovery of the
+	// parent leaves a run that a dispatch follows again to that dispatch
+	// (one end, not the recovery's interrupted one and then the real one).
 	awaitCtx := ctx
 	unregister := func() {}
 	if !det.Detached {
 		runCtx, cancelRun := context.WithCancelCause(ctx)
 		defer cancelRun(nil)
 		pre := &liveRun{cancel: cancelRun, done: make(chan struct{})}
-		h.mu.Lock()
-		other, busy := h.live[runID]
-		if !busy {
-			h.live[runID] = pre
+		other, busy, err := h.registerLive(ctx, runID, pre)
+		if err != nil {
+			return Result{}, err
 		}
-		h.mu.Unlock()
 		if busy {
 			return h.waitLive(ctx, other, runID)
 		}
@@ -123,6 +106,21 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 		defer unregister()
 		awaitCtx = context.WithValue(runCtx, preKey{}, pre)
 	}
+	if opts.RunID == "" {
+		// A new id: no row can hold it (and recording the run checks).
+	} else if row, ok, err := h.readRun(ctx, runID); err != nil {
+		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
+	} else if ok {
+		h.publish(ctx, "redispatch", map[string]any{"runId": runID, "agentType": row.AgentType, "status": string(row.Status)})
+		return h.redispatch(awaitCtx, row, det.Detached, input)
+	}
+	preview, err := inputPreview(opts.InputPreview, opts.Input, input)
+	if err != nil {
+		return Result{}, err
+	}
+	run := Run{RunID: runID, ParentToolCallID: opts.ParentToolCallID, AgentType: class, InputPreview: preview,
+		Status: StatusStarting, Display: opts.Display, DisplayOrder: opts.DisplayOrder, StartedAt: h.rt.Clock().Now(),
+		TokenBudget: opts.Tokens}
 	maxActive := 0
 	if l, ok := parent.(ConcurrencyLimiter); ok {
 		maxActive = l.MaxConcurrentAgentTools()
@@ -238,9 +236,14 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 	h.mu.Lock()
 	h.hasRuns = 1
 	h.mu.Unlock()
+	// The parent's pending delivery marks ride the dispatch.
+	ms := h.takeMarks()
 	cr, started, err := ch.startChildRun(ctx, run.RunID, input,
 		ChildRequest{RunID: run.RunID, AgentType: run.AgentType, ParentPath: h.b.Path()},
-		childStart{fuse: &parentFuse{parent: h, runID: run.RunID}, parentTx: func(ctx context.Context, tx store.Tx) error {
+		childStart{fuse: &parentFuse{parent: h, runID: run.RunID}, parent: h.a, parentTx: func(ctx context.Context, tx store.Tx) error {
+			if err := h.writeMarksTx(ctx, tx, ms); err != nil {
+				return err
+			}
 			inserted, taken, err := h.insertRunTx(ctx, tx, running, 0, det)
 			switch {
 			case err != nil:
@@ -253,6 +256,9 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 			}
 			return nil
 		}})
+	if err != nil || !started {
+		h.restoreMarks(ms)
+	}
 	if exists {
 		unregister()
 		row, _, err := h.readRun(ctx, run.RunID)
@@ -289,6 +295,37 @@ func (h *host) waitLive(ctx context.Context, other *liveRun, runID string) (Resu
 	}
 	r, _, err := h.readRun(context.WithoutCancel(ctx), runID)
 	return r.Result(), err
+}
+
+// registerLive registers a dispatch's run as live, unless another caller
+// has it live (busy: its registration is other). A recovery of the parent
+// that is recording the run's end now is waited for first (an await point):
+// the dispatch then reads that end.
+func (h *host) registerLive(ctx context.Context, runID string, pre *liveRun) (other *liveRun, busy bool, err error) {
+	for {
+		h.mu.Lock()
+		rec, recovering := h.recovering[runID]
+		if !recovering {
+			other, busy = h.live[runID]
+			if !busy {
+				h.live[runID] = pre
+			}
+			h.mu.Unlock()
+			return other, busy, nil
+		}
+		h.mu.Unlock()
+		err := agent.Await(ctx, func() error {
+			select {
+			case <-rec:
+				return nil
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		})
+		if err != nil {
+			return nil, false, err
+		}
+	}
 }
 
 // dispatchFailed records a run whose child could not be started.
@@ -330,7 +367,7 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	h.mu.Lock()
 	other, busy := h.live[row.RunID]
 	h.mu.Unlock()
-	if busy && !other.giveUp {
+	if busy && other != ctx.Value(preKey{}) {
 		return h.waitLive(ctx, other, row.RunID)
 	}
 	if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
@@ -406,25 +443,14 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lr := &liveRun{cancel: cancel, done: make(chan struct{})}
-	for {
-		h.mu.Lock()
-		other, ok := h.live[row.RunID]
-		if !ok || other == ctx.Value(preKey{}) {
-			h.live[row.RunID] = lr
-			h.mu.Unlock()
-			break
-		}
+	h.mu.Lock()
+	if other, ok := h.live[row.RunID]; ok && other != ctx.Value(preKey{}) {
+		// Another caller already awaits this run: wait for its result.
 		h.mu.Unlock()
-		if !other.giveUp {
-			// Another caller already awaits this run: wait for its result.
-			return h.waitLive(ctx, other, row.RunID)
-		}
-		// A recovery is recording a give-up: once it has, this re-attach
-		// repairs the run (its row is read again below).
-		if _, err := h.waitLive(ctx, other, row.RunID); err != nil {
-			return Result{}, err
-		}
+		return h.waitLive(ctx, other, row.RunID)
 	}
+	h.live[row.RunID] = lr
+	h.mu.Unlock()
 	defer func() {
 		h.mu.Lock()
 		delete(h.live, row.RunID)
@@ -443,7 +469,8 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		}
 	}
 	ch, _ := hostOf(child)
-	if ctx.Value(preKey{}) == nil && ch != nil {
+	if ch != nil {
+		// A re-attach's run has no fuse (a fresh dispatch's has one).
 		ch.arm(cr, h)
 	}
 
@@ -819,12 +846,7 @@ func (h *host) finished(ctx context.Context, row runRow, res Result, won bool, m
 	h.publish(ctx, "finish", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(res.Status)})
 	switch {
 	case !row.det.Detached:
-		if o, ok := h.a.(FinishObserver); ok {
-			_ = agent.Enter(ctx, h.a, func(ctx context.Context) error {
-				o.OnAgentToolFinish(ctx, run, res)
-				return nil
-			})
-		}
+		h.deliverFinish(ctx, run, res, marks)
 	case res.Status == StatusInterrupted:
 		if err := h.deliver(ctx, slotGiveUp, row, run, res); err != nil {
 			h.b.Logger().Warn("agenttool: delivery", "run", row.RunID, "err", err)

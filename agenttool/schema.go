@@ -91,4 +91,11 @@ var migrations = []store.Migration{{
 	// joins the trace of the turn that dispatched it.
 	Version:    4,
 	Statements: []string{`ALTER TABLE agent_tool_runs ADD COLUMN trace_parent TEXT`},
+}, {
+	// An awaited run's end is delivered durably too (finish_delivered_at,
+	// null while the parent's OnAgentToolFinish is still to be told):
+	// the ends recorded before count as delivered.
+	Version: 5,
+	Statements: []string{`UPDATE agent_tool_runs SET finish_delivered_at = COALESCE(completed_at, started_at)
+		WHERE detached = 0 AND finish_delivered_at IS NULL AND status IN ('completed', 'error', 'aborted', 'interrupted')`},
 }}

@@ -73,8 +73,14 @@ func pathOnShard(t testing.TB, shard int) agent.Path {
 
 func fence(t testing.TB, d *db, n *Node, p agent.Path) error {
 	t.Helper()
+	return fenceAt(t, d, n, p, 0)
+}
+
+// fenceAt is fence for a write of the hydration made under epoch.
+func fenceAt(t testing.TB, d *db, n *Node, p agent.Path, epoch int64) error {
+	t.Helper()
 	tx, stx := d.begin(t)
-	err := n.Fence(context.Background(), stx, p)
+	err := n.Fence(context.Background(), stx, p, epoch)
 	if err != nil {
 		tx.Rollback()
 		return err
@@ -241,7 +247,7 @@ func TestFenceHoldsOffTakeover(t *testing.T) {
 	step(t, a)
 	p := pathOnShard(t, 11)
 	tx, stx := d.begin(t)
-	if err := a.Fence(context.Background(), stx, p); err != nil {
+	if err := a.Fence(context.Background(), stx, p, 0); err != nil {
 		t.Fatal(err)
 	}
 	b := join(t, d, "b", clockB, nil)
@@ -271,13 +277,14 @@ func TestPausedTransactionLosesItsLock(t *testing.T) {
 	d := newDB(t)
 	clockA := clockwork.NewFakeClock()
 	clockB := clockwork.NewFakeClockAt(clockA.Now())
-	// A short lease: the idle timeout (a quarter of it) is real time.
+	// A short lease: the idle timeout (the time left until the lease
+	// expires, the whole lease right after acquiring it) is real time.
 	mod := func(c *Config) { c.Lease = 400 * time.Millisecond }
 	a := join(t, d, "a", clockA, mod)
 	step(t, a)
 	p := pathOnShard(t, 5)
 	tx, stx := d.begin(t)
-	if err := a.Fence(context.Background(), stx, p); err != nil {
+	if err := a.Fence(context.Background(), stx, p, 0); err != nil {
 		t.Fatal(err)
 	}
 	// a pauses here, inside its transaction. The database ends the
@@ -304,5 +311,76 @@ func TestPausedTransactionLosesItsLock(t *testing.T) {
 	var exists bool
 	if err := d.pool.QueryRow(ctx, `SELECT to_regclass('late') IS NOT NULL`).Scan(&exists); err != nil || exists {
 		t.Fatalf("late write landed: %v %v", exists, err)
+	}
+}
+
+// TestFenceRefusesAnEarlierHydration: a node that lost a shard and took it
+// back refuses the writes of the instance it hydrated under the earlier
+// lease (dropped with the lease, but its goroutines may still run), and
+// accepts those of its new hydration, without giving up the lease.
+func TestFenceRefusesAnEarlierHydration(t *testing.T) {
+	d := newDB(t)
+	clock := clockwork.NewFakeClock()
+	a := join(t, d, "a", clock, nil)
+	step(t, a)
+	p := pathOnShard(t, 3)
+	old, ok := a.Epoch(p)
+	if !ok {
+		t.Fatal("a does not serve the shard it acquired")
+	}
+	// a stalls past its leases: b takes them, a loses them, and b leaves,
+	// so a takes them back, each under a new epoch.
+	clock.Advance(a.Lease() + time.Millisecond)
+	b := join(t, d, "b", clock, nil)
+	step(t, b, a)
+	if a.Owns(p) {
+		t.Fatal("a still serves a shard b took")
+	}
+	if err := b.Leave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	step(t, a)
+	cur, ok := a.Epoch(p)
+	if !ok || cur == old {
+		t.Fatalf("a holds the shard at epoch %d (%v), want one after %d", cur, ok, old)
+	}
+	if err := fenceAt(t, d, a, p, old); !errors.Is(err, ErrFenced) {
+		t.Fatalf("write of the hydration at epoch %d: %v, want it fenced", old, err)
+	}
+	if !a.Owns(p) {
+		t.Fatal("refusing an earlier hydration's write gave up the lease")
+	}
+	if err := fenceAt(t, d, a, p, cur); err != nil {
+		t.Fatalf("write of the hydration at epoch %d: %v", cur, err)
+	}
+	if err := fence(t, d, a, p); err != nil {
+		t.Fatalf("write at the lease held now: %v", err)
+	}
+}
+
+// TestFenceIdleLimitIsTheLeaseLeft: the fence limits how long its
+// transaction may sit idle to the time left until the lease expires (as
+// the node last renewed it), not a fixed fraction of the lease.
+func TestFenceIdleLimitIsTheLeaseLeft(t *testing.T) {
+	d := newDB(t)
+	clock := clockwork.NewFakeClock()
+	a := join(t, d, "a", clock, nil)
+	step(t, a)
+	p := pathOnShard(t, 7)
+	for _, passed := range []time.Duration{0, a.Lease() / 2} {
+		clock.Advance(passed)
+		tx, stx := d.begin(t)
+		if err := a.Fence(context.Background(), stx, p, 0); err != nil {
+			t.Fatal(err)
+		}
+		var limit string
+		if err := stx.QueryRow(context.Background(), `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&limit); err != nil {
+			t.Fatal(err)
+		}
+		tx.Rollback()
+		got, err := time.ParseDuration(limit)
+		if want := a.Lease() - passed; err != nil || got != want {
+			t.Errorf("%v after the renewal: idle limit %s (%v), want %v", passed, limit, err, want)
+		}
 	}
 }

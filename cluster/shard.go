@@ -9,9 +9,10 @@
 // default). A node owns a shard while it holds the shard's lease; each
 // acquisition raises the lease's epoch. Every write transaction of an
 // instance first locks its shard's lease row (SELECT … FOR KEY SHARE) and checks
-// that this node still holds it with the epoch it acquired, as Temporal's
-// RangeID: a node that lost a lease, even one that was paused and woke up
-// past it, can no longer write. A node stops serving a shard before its
+// that this node still holds it with the epoch the instance was hydrated
+// under, as Temporal's RangeID: a node that lost a lease, even one that
+// was paused and woke up past it, can no longer write, and neither can an
+// instance it dropped with a lost lease once it took the lease back. A node stops serving a shard before its
 // lease can expire (its local deadline is a quarter of the lease early).
 // docs/cluster.md describes running a cluster and its failure model.
 package cluster

@@ -197,10 +197,8 @@ func (e *env) parentTerminal(tag string) int {
 // fired once, and no child ran a second turn.
 func (e *env) check(host, name, tag string, n int) { e.checkHooks(host, name, tag, n, true) }
 
-// checkHooks is check; exact false accepts finish hooks lost to a crash of
-// the parent's node between a run's terminal row and its hook (never a
-// hook twice): an awaited run's OnAgentToolFinish has no delivery ledger
-// (see docs/cluster.md, "Known gaps").
+// checkHooks is check; exact false accepts finish hooks that have not
+// fired (yet), never a hook twice.
 func (e *env) checkHooks(host, name, tag string, n int, exact bool) {
 	e.t.Helper()
 	e.t.Cleanup(func() {
@@ -222,9 +220,7 @@ func (e *env) checkHooks(host, name, tag string, n int, exact bool) {
 	if fin["repeated"] != 0 || exact && fin["status:completed"] != n || fin["runs"] != fin["status:completed"] {
 		e.t.Errorf("finish ledger: %v (want %d runs, each completed once)", fin, n)
 	}
-	if fin["runs"] != n {
-		e.t.Logf("finish hooks lost to the kill: %d of %d", n-fin["runs"], n)
-	}
+	e.t.Logf("finish ledger: %v", fin)
 	if got := e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE $1 AND status = 'completed'`, tag+"-%"); got != n {
 		e.t.Errorf("%d of %d runs completed", got, n)
 	}
@@ -305,7 +301,7 @@ func killDuring(t *testing.T, victim string) {
 	if st["completed"] != n {
 		t.Errorf("repeated fan-out: %v, want %d completed", st, n)
 	}
-	e.checkHooks(b.Host, name, "k", n, victim != "a")
+	e.check(b.Host, name, "k", n)
 	wg.Wait()
 }
 
@@ -358,15 +354,6 @@ func (e *env) dump(tag string) {
 // node (application_name); each write of the paused node must fall while
 // it held the shard's lease.
 func TestPausedOwnerWritesNothingAfterLosingItsLease(t *testing.T) {
-	if testenv.Race {
-		// Known defect (issue 13, open): the fence ends a transaction idle
-		// for a quarter of the lease, and under the race detector on 2
-		// cores the hydrations of 300 children idle longer than that, so
-		// the node fails its own fan-out (25P03) and the test's request
-		// times out. The test runs without -race; the fence's idle limit
-		// needs its own bound, not a fraction of the lease.
-		t.Skip("known defect under -race: idle-in-transaction limit of a quarter lease (issue 13)")
-	}
 	e := newEnv(t)
 	ctx := context.Background()
 	e.start("a")

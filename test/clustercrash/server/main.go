@@ -49,7 +49,8 @@ func (w *Worker) ChatModel() model.Model { return w.m }
 // Fan is the parent.
 type Fan struct {
 	chat.Base
-	m model.Model
+	m    model.Model
+	node string // the node id, in the finish ledger's history
 }
 
 func (f *Fan) ChatModel() model.Model { return f.m }
@@ -58,7 +59,7 @@ func (f *Fan) ChatModel() model.Model { return f.m }
 func (f *Fan) OnStart(ctx context.Context) error {
 	return f.Storage().Update(ctx, func(s *agent.SQL) error {
 		for _, q := range []string{
-			`CREATE TABLE IF NOT EXISTS {fan_finishes} (run_id TEXT PRIMARY KEY, n INTEGER NOT NULL, status TEXT NOT NULL)`,
+			`CREATE TABLE IF NOT EXISTS {fan_finishes} (run_id TEXT PRIMARY KEY, n INTEGER NOT NULL, status TEXT NOT NULL, history TEXT NOT NULL)`,
 			`CREATE TABLE IF NOT EXISTS {fan_detached} (run_id TEXT PRIMARY KEY, n INTEGER NOT NULL, status TEXT NOT NULL)`,
 			`CREATE TABLE IF NOT EXISTS {fan_progress} (n INTEGER PRIMARY KEY, run_id TEXT NOT NULL, what TEXT NOT NULL)`,
 		} {
@@ -143,8 +144,9 @@ func (p *Prog) OnChatMessage(ctx context.Context, t *chat.Turn) error {
 // OnAgentToolFinish counts the finish of a run.
 func (f *Fan) OnAgentToolFinish(ctx context.Context, run agenttool.Run, res agenttool.Result) {
 	err := f.Storage().Update(ctx, func(s *agent.SQL) error {
-		_, err := s.Exec(`INSERT INTO {fan_finishes} (run_id, n, status) VALUES (?, 1, ?)
-			ON CONFLICT (run_id) DO UPDATE SET n = {fan_finishes}.n + 1, status = excluded.status`, run.RunID, string(res.Status))
+		_, err := s.Exec(`INSERT INTO {fan_finishes} (run_id, n, status, history) VALUES (?, 1, ?, ?)
+			ON CONFLICT (run_id) DO UPDATE SET n = {fan_finishes}.n + 1, status = excluded.status,
+				history = {fan_finishes}.history || ' ' || excluded.history`, run.RunID, string(res.Status), f.node+":"+string(res.Status))
 		return err
 	})
 	if err != nil {
@@ -159,21 +161,22 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		// once, and by status.
 		out := map[string]int{}
 		err := f.Storage().View(ctx, func(s *agent.SQL) error {
-			rows, err := s.Query(`SELECT n, status FROM {fan_finishes}`)
+			rows, err := s.Query(`SELECT run_id, n, status, history FROM {fan_finishes}`)
 			if err != nil {
 				return err
 			}
 			defer rows.Close()
 			for rows.Next() {
 				var n int
-				var st string
-				if err := rows.Scan(&n, &st); err != nil {
+				var id, st, hist string
+				if err := rows.Scan(&id, &n, &st, &hist); err != nil {
 					return err
 				}
 				out["runs"]++
 				out["status:"+st]++
 				if n > 1 {
 					out["repeated"]++
+					out["repeated "+id+": "+hist]++
 				}
 			}
 			return rows.Err()
@@ -346,7 +349,7 @@ func main() {
 		agenttool.Install(rt, agenttool.Options{Remote: remote, RemotePoll: *poll})
 		worker := scripted.New(scripted.WithChunkSize(4), scripted.WithDelay(*delay),
 			scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("done done done done")})))
-		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker} }, Public: true})
+		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker, node: *nodeID} }, Public: true})
 		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
 		rt.MustRegister(agent.Class{Name: "Prog", New: func() agent.Agent { return &Prog{step: *step} }})

@@ -1,0 +1,103 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/store"
+)
+
+// leases is a Placement that owns every instance under one lease epoch,
+// which the test moves (the node lost its shards and took them back).
+type leases struct {
+	mu     sync.Mutex
+	epoch  int64
+	fenced []int64 // the epoch of each fenced write
+}
+
+var errStale = errors.New("fenced: an earlier hydration")
+
+func (l *leases) Owns(agent.Path) bool { return true }
+
+func (l *leases) Epoch(agent.Path) (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch, true
+}
+
+func (l *leases) Fence(ctx context.Context, tx store.Tx, path agent.Path, epoch int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.fenced = append(l.fenced, epoch)
+	if epoch != 0 && epoch != l.epoch {
+		return fmt.Errorf("%w: %s at epoch %d, the lease is at %d", errStale, path, epoch, l.epoch)
+	}
+	return nil
+}
+
+type placedAgent struct{ agent.Base }
+
+// TestDroppedHydrationCannotWrite: an instance dropped because its node
+// lost the lease keeps its goroutines, and the node may take the lease
+// back (a new epoch) and hydrate the instance again. Every write of the
+// dropped hydration, on its own or inside another instance's transaction
+// (FenceAgent), is fenced with the epoch it was hydrated under and
+// refused; the new hydration writes. (A dropped parent that could still
+// write its runs' ends beside its new hydration would record a run's end,
+// and tell its finish hook, twice.)
+func TestDroppedHydrationCannotWrite(t *testing.T) {
+	l := &leases{epoch: 1}
+	e := startRuntime(t, rtOptions{place: l, classes: []agent.Class{
+		{Name: "Placed", New: func() agent.Agent { return &placedAgent{} }},
+	}})
+	ctx := context.Background()
+	path := agent.Root("Placed", "p")
+	old, err := e.rt.Get(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.BaseOf(old).Storage().Put(ctx, "k", "first"); err != nil {
+		t.Fatalf("write of the hydration at epoch 1: %v", err)
+	}
+	// The node lost the lease and took it back: the instance is dropped
+	// and hydrated again under epoch 2.
+	l.mu.Lock()
+	l.epoch = 2
+	l.mu.Unlock()
+	e.rt.Drop(func(agent.Path) bool { return true })
+	cur, err := e.rt.Get(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur == old {
+		t.Fatal("the dropped instance was served again")
+	}
+	if err := agent.BaseOf(old).Storage().Put(ctx, "k", "stale"); !errors.Is(err, errStale) {
+		t.Fatalf("write of the dropped hydration: %v, want it refused", err)
+	}
+	err = e.rt.DB().Update(ctx, func(tx store.Tx) error { return e.rt.FenceAgent(ctx, tx, old) })
+	if !errors.Is(err, errStale) {
+		t.Fatalf("FenceAgent of the dropped hydration: %v, want it refused", err)
+	}
+	if err := agent.BaseOf(cur).Storage().Put(ctx, "k", "second"); err != nil {
+		t.Fatalf("write of the new hydration: %v", err)
+	}
+	if err := e.rt.DB().Update(ctx, func(tx store.Tx) error { return e.rt.FenceAgent(ctx, tx, cur) }); err != nil {
+		t.Fatalf("FenceAgent of the new hydration: %v", err)
+	}
+	var v string
+	if ok, err := agent.BaseOf(cur).Storage().Get(ctx, "k", &v); err != nil || !ok || v != "second" {
+		t.Fatalf("stored %q %v %v, want second", v, ok, err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ep := range l.fenced {
+		if ep == 0 {
+			t.Fatalf("a write of a hydrated instance was fenced without its epoch: %v", l.fenced)
+		}
+	}
+}

@@ -1,0 +1,222 @@
+package agenttool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/store"
+)
+
+// undeliveredAwaited selects the awaited runs whose end is recorded but not
+// yet delivered to the parent's OnAgentToolFinish.
+const undeliveredAwaited = `AND detached = 0 AND finish_delivered_at IS NULL AND status IN ('completed', 'error', 'aborted', 'interrupted')`
+
+// errDelivered refuses a transaction of a finish hook whose end another
+// delivery recorded first.
+var errDelivered = errors.New("agenttool: the run's end was delivered already")
+
+type deliveryKeyKey struct{}
+
+// DeliveryKey returns the idempotency key of the delivery that ctx belongs
+// to: inside OnAgentToolFinish, one key per recorded end of a run (the
+// same on every delivery of that end, on any node, after any restart);
+// "" elsewhere. A hook whose effects leave the database (a message sent, a
+// request to another service) passes it along, so the receiver drops a
+// repeated delivery.
+func DeliveryKey(ctx context.Context) string {
+	k, _ := ctx.Value(deliveryKeyKey{}).(string)
+	return k
+}
+
+// finishDelivery is one delivery of an awaited run's end to the parent's
+// OnAgentToolFinish. Its fence rides every write transaction the hook runs
+// with its context and marks the end delivered in it: the hook's writes
+// and the mark commit together or not at all.
+type finishDelivery struct {
+	h     *host
+	runID string
+	marks string // terminal_marks of the end delivered: which end it is
+	stamp int64  // finish_delivered_at this delivery writes
+
+	mu   sync.Mutex
+	done bool // the hook returned: the fence no longer marks anything
+	ran  bool // a transaction of the hook carried the mark
+}
+
+func (d *finishDelivery) fence(ctx context.Context, tx store.Tx) error {
+	d.mu.Lock()
+	done := d.done
+	d.mu.Unlock()
+	if done {
+		return nil // a transaction the hook started that outlived it
+	}
+	r, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET finish_delivered_at = ?
+		WHERE instance_id = ? AND run_id = ? AND terminal_marks = ? AND (finish_delivered_at IS NULL OR finish_delivered_at = ?)`,
+		d.stamp, d.h.iid, d.runID, d.marks, d.stamp)
+	if err != nil {
+		return fmt.Errorf("agenttool: mark the end of %s delivered: %w", d.runID, err)
+	}
+	if n, err := r.RowsAffected(); err != nil || n != 1 {
+		if err == nil {
+			err = fmt.Errorf("%w: %s", errDelivered, d.runID)
+		}
+		return err
+	}
+	d.mu.Lock()
+	d.ran = true
+	d.mu.Unlock()
+	return nil
+}
+
+// deliveryID names one recorded end of a run, for deliverFinish's
+// in-process guard.
+type deliveryID struct{ runID, marks string }
+
+// deliverFinish tells the parent's OnAgentToolFinish the end of an awaited
+// run that the terminal write with marks recorded, and records the
+// delivery (finish_delivered_at). The mark rides the hook's own write
+// transactions (finishDelivery.fence), so what the hook writes through its
+// context commits exactly once; a hook that writes nothing costs one write
+// for the mark after it returned. A crash before the mark leaves the end
+// undelivered, and the parent's next start delivers it again
+// (redeliverFinishes): the hook runs at least once, its database writes
+// exactly once.
+func (h *host) deliverFinish(ctx context.Context, run Run, res Result, marks []int) {
+	o, ok := h.a.(FinishObserver)
+	if !ok {
+		return // the terminal write recorded it delivered
+	}
+	mj, _ := json.Marshal(marks)
+	id := deliveryID{run.RunID, string(mj)}
+	h.mu.Lock()
+	if h.delivering[id] {
+		h.mu.Unlock()
+		return
+	}
+	h.delivering[id] = true
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.delivering, id)
+		h.mu.Unlock()
+	}()
+	d := &finishDelivery{h: h, runID: run.RunID, marks: string(mj), stamp: h.rt.Clock().Now().UnixMilli()}
+	hctx := store.WithFence(ctx, d.fence)
+	hctx = context.WithValue(hctx, deliveryKeyKey{}, fmt.Sprintf("agent-tool-finish:%s:%s:%d", h.b.Path(), run.RunID, len(marks)))
+	err := agent.Enter(hctx, h.a, func(ctx context.Context) error {
+		o.OnAgentToolFinish(ctx, run, res)
+		return nil
+	})
+	d.mu.Lock()
+	d.done = true
+	ran := d.ran
+	d.mu.Unlock()
+	if err != nil {
+		h.b.Logger().Warn("agenttool: deliver finish", "run", run.RunID, "err", err)
+		return // not called: delivered at the next start
+	}
+	if ran {
+		// Marked in the hook's own transaction (or, if that transaction
+		// failed, left for the next start to deliver again).
+		return
+	}
+	h.queueMark(pendingMark{runID: run.RunID, marks: d.marks, stamp: d.stamp})
+}
+
+// markFlushDelay is how long the delivery mark of a hook that wrote
+// nothing waits for a transaction of the parent to carry it (its next
+// dispatch or terminal write) before it is written on its own.
+const markFlushDelay = time.Second
+
+// pendingMark is the delivery mark of a finish hook that wrote nothing
+// through its context, not written yet.
+type pendingMark struct {
+	runID, marks string
+	stamp        int64
+}
+
+// queueMark holds a delivery mark for the parent's next write transaction
+// (takeMarks), and writes it after markFlushDelay if none came: a hook
+// that writes nothing costs at most one write, and usually none. Until
+// the mark is written a crash delivers the end again (at least once).
+func (h *host) queueMark(m pendingMark) {
+	h.mu.Lock()
+	h.marks = append(h.marks, m)
+	arm := !h.markArmed
+	h.markArmed = true
+	h.mu.Unlock()
+	if !arm {
+		return
+	}
+	h.rt.Go(func(ctx context.Context) {
+		// Real time, not the runtime's clock: nothing waits for this
+		// timer, and a test's fake clock must not count it among the
+		// timers it waits for.
+		t := time.NewTimer(markFlushDelay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			ctx = context.WithoutCancel(ctx) // closing: write them now
+		}
+		h.mu.Lock()
+		h.markArmed = false
+		h.mu.Unlock()
+		ms := h.takeMarks()
+		if len(ms) == 0 {
+			return
+		}
+		err := h.b.DB().Update(ctx, func(tx store.Tx) error { return h.writeMarksTx(ctx, tx, ms) })
+		if err != nil {
+			// Not written: the next start delivers those ends again.
+			h.b.Logger().Warn("agenttool: mark finishes delivered", "runs", len(ms), "err", err)
+		}
+	})
+}
+
+// takeMarks returns the pending delivery marks for a transaction of the
+// parent to write (writeMarksTx); the caller gives them back
+// (restoreMarks) if that transaction fails.
+func (h *host) takeMarks() []pendingMark {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ms := h.marks
+	h.marks = nil
+	return ms
+}
+
+func (h *host) restoreMarks(ms []pendingMark) {
+	if len(ms) == 0 {
+		return
+	}
+	h.mu.Lock()
+	h.marks = append(h.marks, ms...)
+	h.mu.Unlock()
+}
+
+// writeMarksTx records delivery marks in tx.
+func (h *host) writeMarksTx(ctx context.Context, tx store.Tx, ms []pendingMark) error {
+	for _, m := range ms {
+		if _, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET finish_delivered_at = ?
+			WHERE instance_id = ? AND run_id = ? AND terminal_marks = ? AND finish_delivered_at IS NULL`,
+			m.stamp, h.iid, m.runID, m.marks); err != nil {
+			return fmt.Errorf("agenttool: mark the end of %s delivered: %w", m.runID, err)
+		}
+	}
+	return nil
+}
+
+// redeliverFinishes delivers the ends of awaited runs that were recorded
+// but not delivered (the process died in between, or the hook's write
+// failed), from the parent's start.
+func (h *host) redeliverFinishes(ctx context.Context, rows []runRow) {
+	for _, row := range rows {
+		h.deliverFinish(ctx, row.Run, row.Result(), row.marks)
+		h.publish(ctx, "recovery:redelivered", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(row.Status)})
+	}
+}
