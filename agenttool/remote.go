@@ -84,12 +84,28 @@ const DefaultRemotePoll = 100 * time.Millisecond
 const hintedPollFactor = 10
 
 // StartRemoteChild starts, on this node (the child's owner), the run a
-// parent on another node dispatched, and returns the child's turn id.
+// parent on another node dispatched, and returns the child's turn id. It
+// answers only with a run whose record and turn are committed, and only
+// while this node owns the child: a node that lost the child's shard (one
+// paused past its lease answers the calls queued meanwhile) refuses with
+// agent.ErrNotOwner, whatever its start did, and the caller asks the new
+// owner, whose start of the same run id is idempotent.
 func StartRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (string, error) {
 	if len(req.ParentPath) == 0 || req.RunID == "" || !rt.HasClass(req.Class) {
 		return "", fmt.Errorf("%w: start needs a parent path, a run id and a known class", ErrBadRemoteCall)
 	}
-	child, release, err := rt.Acquire(ctx, req.Child())
+	path := req.Child()
+	notOwner := func(err error) error {
+		if err != nil {
+			return fmt.Errorf("agenttool: start %s: %w (%w)", path, agent.ErrNotOwner, err)
+		}
+		return fmt.Errorf("agenttool: start %s: %w", path, agent.ErrNotOwner)
+	}
+	if !rt.Owns(path) {
+		// An instance still in memory here is not ours to answer for.
+		return "", notOwner(nil)
+	}
+	child, release, err := rt.Acquire(ctx, path)
 	if err != nil {
 		return "", err
 	}
@@ -99,6 +115,11 @@ func StartRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (
 		return "", err
 	}
 	cr, _, err := ch.startChildRun(ctx, req.RunID, req.Input, ChildRequest{RunID: req.RunID, AgentType: req.Class, ParentPath: req.ParentPath}, childStart{})
+	if !rt.Owns(path) {
+		// The lease ended during the start: its commit (if any) is the
+		// new owner's to answer for.
+		return "", notOwner(err)
+	}
 	if err != nil {
 		return "", err
 	}
