@@ -318,7 +318,7 @@ func (h *host) runRemote(ctx, awaitCtx context.Context, row runRow, input json.R
 		h.follow(row)
 		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusRunning}, nil
 	}
-	return h.awaitRemote(awaitCtx, row, child, streamID, r)
+	return h.awaitRemote(awaitCtx, row, child, streamID, input, r)
 }
 
 // followRemote is follow for a child on another node.
@@ -328,7 +328,7 @@ func (h *host) followRemote(ctx context.Context, row runRow, r Remote) {
 	if err != nil || insp == nil || insp.RequestID == "" {
 		return // the reconcile keeps watching
 	}
-	if _, err := h.awaitRemote(ctx, row, child, insp.RequestID, r); err != nil && ctx.Err() == nil {
+	if _, err := h.awaitRemote(ctx, row, child, insp.RequestID, nil, r); err != nil && ctx.Err() == nil {
 		h.b.Logger().Error("agenttool: detached run", "run", row.RunID, "err", err)
 	}
 }
@@ -376,11 +376,24 @@ func (h *host) reconcileRemote(ctx context.Context, row runRow, r Remote) {
 	}
 }
 
+// missingPolls is how many polls in a row a follower finds no record of
+// its run in the child before it acts: a start is answered only once the
+// child's record is committed, so a record that is missing was never
+// written or was deleted since.
+const missingPolls = 5
+
 // awaitRemote follows a run whose child is on another node: it forwards
 // the child's committed chunks to the parent's clients and records the
 // run's end once the child's record of it has one. A cancel of the run
 // (its context) asks the child's owner to abort it.
-func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, streamID string, r Remote) (Result, error) {
+//
+// It never waits forever on a child with no record of the run: after
+// missingPolls polls without one, a canceled run ends aborted; a run with
+// its input (a dispatch) is started again through the child's current
+// owner (starting is idempotent) and followed under the turn id it
+// answers; one without its input (a recovery) ends interrupted once the
+// record has been missing for the no-progress budget.
+func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, streamID string, input json.RawMessage, r Remote) (Result, error) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lr := &liveRun{cancel: cancel, done: make(chan struct{})}
@@ -423,8 +436,13 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	}
 	wake := h.remoteWake(child)
 	defer wake.close()
+	clock := h.rt.Clock()
 	var insp *Inspection
+	var ended *Result // the run's end when the child has no record of it
 	canceled := false
+	missing := 0 // polls in a row that found no record
+	var missingSince time.Time
+	lim := h.reattachLimits()
 	err := agent.Await(ctx, func() error {
 		for {
 			forward()
@@ -433,6 +451,36 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 				insp = in
 				forward() // the chunks committed with the end
 				return nil
+			}
+			switch {
+			case err != nil:
+			case in != nil:
+				missing = 0
+			case missing == 0:
+				missingSince = clock.Now()
+			case missing >= missingPolls && canceled:
+				ended = &Result{Status: StatusAborted, Error: causeText(runCtx)}
+				return nil
+			case missing >= missingPolls && input != nil:
+				missing = 0
+				h.b.Logger().Warn("agenttool: remote child has no record of the run: starting it again", "run", row.RunID)
+				id, err := r.StartChild(runCtx, RemoteStart{ParentPath: h.b.Path(), Class: row.AgentType, RunID: row.RunID, Input: input})
+				if err != nil {
+					h.b.Logger().Error("agenttool: start remote child again", "run", row.RunID, "err", err)
+				} else if id != streamID {
+					// The turn the parent was told of never committed: the
+					// run is this one (its chunks are all new).
+					streamID, after = id, -1
+				}
+				continue
+			case missing >= missingPolls && lim.noProgress > 0 && clock.Since(missingSince) >= lim.noProgress:
+				ended = &Result{Status: StatusInterrupted, Reason: ReasonNoProgress, Error: interruptedMessage(ReasonNoProgress)}
+				return nil
+			}
+			tick := func() {
+				if err == nil && in == nil {
+					missing++
+				}
 			}
 			select {
 			case <-h.rt.Context().Done():
@@ -447,11 +495,13 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 				select {
 				case <-wake.hint:
 				case <-wake.tick.Chan():
+					tick()
 				case <-h.rt.Context().Done():
 					return agent.ErrClosed
 				}
 			case <-wake.hint:
 			case <-wake.tick.Chan():
+				tick()
 			}
 		}
 	})
@@ -461,6 +511,9 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	// Signals seen so far (milestone notices) are handled before the end
 	// is delivered, so a chat reads them in order.
 	signals.close()
+	if ended != nil {
+		return h.finish(bg, row, *ended, after+1)
+	}
 	res := resultFromInspection(*insp)
 	if runCtx.Err() != nil && res.Status != StatusCompleted {
 		res = Result{Status: StatusAborted, Error: causeText(runCtx)}
@@ -497,7 +550,7 @@ func (h *host) redispatchRemote(ctx context.Context, row runRow, input json.RawM
 		h.mu.Unlock()
 	}
 	h.publish(ctx, "recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
-	return h.awaitRemote(ctx, row, child, streamID, r)
+	return h.awaitRemote(ctx, row, child, streamID, input, r)
 }
 
 // forwardStoredRemote is forwardStored for a child on another node: it
