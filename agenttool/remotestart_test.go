@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -27,7 +26,6 @@ type pausingPlacement struct {
 	armed   atomic.Bool
 	held    chan struct{} // closed when the armed fence waits
 	release chan struct{} // closed by resume
-	once    sync.Once
 }
 
 func newPausingPlacement(child agent.Path) *pausingPlacement {
