@@ -219,3 +219,97 @@ func TestRemoteStartAnswersOnlyCommittedRuns(t *testing.T) {
 		}
 	})
 }
+
+// splitPlacement is a node of a two-node pretend cluster on one database:
+// it owns the sub-agents (children) or everything else (parents).
+type splitPlacement struct{ children bool }
+
+func (p splitPlacement) Owns(path agent.Path) bool { return (len(path) > 1) == p.children }
+
+func (p splitPlacement) Fence(ctx context.Context, tx store.Tx, path agent.Path) error {
+	if !p.Owns(path) {
+		return fmt.Errorf("test fence %s: %w", path, agent.ErrNotOwner)
+	}
+	return nil
+}
+
+// lyingRemote reaches the children's node in-process; its first start
+// answers with a turn id whose submission never committed, as a node that
+// lost the child while paused did.
+type lyingRemote struct {
+	child  func() *agent.Runtime
+	starts atomic.Int32
+}
+
+func (r *lyingRemote) StartChild(ctx context.Context, req agenttool.RemoteStart) (string, error) {
+	if r.starts.Add(1) == 1 {
+		return "never-committed", nil
+	}
+	return agenttool.StartRemoteChild(ctx, r.child(), req)
+}
+
+func (r *lyingRemote) CancelChild(ctx context.Context, req agenttool.RemoteCancel) error {
+	return agenttool.CancelRemoteChild(ctx, r.child(), req)
+}
+
+func (r *lyingRemote) DestroyChild(ctx context.Context, child agent.Path) error {
+	return agenttool.DestroyRemoteChild(ctx, r.child(), child)
+}
+
+// TestRemoteFollowerRestartsUnrecordedRun: a parent told of a child's turn
+// that the child has no record of (the hang's other half) does not follow
+// it forever: it asks the child's owner to start the run again, and the
+// run completes once.
+func TestRemoteFollowerRestartsUnrecordedRun(t *testing.T) {
+	k := newKit()
+	db := teststore.Open(t, &pg, t.TempDir())
+	t.Cleanup(func() { db.Close() })
+	remote := &lyingRemote{}
+	start := func(place splitPlacement, opts agenttool.Options) *agent.Runtime {
+		ctx := context.Background()
+		rt, err := agent.New(ctx, agent.Options{DB: db, Placement: place, IdleTimeout: -1, Logger: k.logs.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []agent.Class{
+			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
+			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
+		} {
+			if err := rt.Register(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := chat.Configure(rt, chat.Config{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := agenttool.Install(rt, opts); err != nil {
+			t.Fatal(err)
+		}
+		if err := rt.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rt.Close() })
+		return rt
+	}
+	children := start(splitPlacement{children: true}, agenttool.Options{})
+	remote.child = func() *agent.Runtime { return children }
+	parents := start(splitPlacement{}, agenttool.Options{Remote: remote, RemotePoll: 5 * tick})
+	ctx := testCtx(t)
+	a, err := parents.Get(ctx, agent.Root("Assistant", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := agenttool.RunAgentTool(ctx, a, "Researcher", agenttool.RunOptions{Input: researchInput{Query: "Q"}, RunID: "r1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != agenttool.StatusCompleted || res.Summary != "Findings for Q" {
+		t.Fatalf("result: %+v", res)
+	}
+	if n := remote.starts.Load(); n != 2 {
+		t.Errorf("%d starts, want 2 (the unrecorded one, then one through the owner)", n)
+	}
+	if n := len(k.rec.finishesOf("r1")); n != 1 {
+		t.Errorf("OnAgentToolFinish fired %d times, want once", n)
+	}
+}
