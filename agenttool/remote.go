@@ -105,7 +105,19 @@ func StartRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (
 		// An instance still in memory here is not ours to answer for.
 		return "", notOwner(nil)
 	}
-	child, release, err := rt.Acquire(ctx, path)
+	id, err := startRemoteChild(ctx, rt, req)
+	if !rt.Owns(path) {
+		// The lease ended during the start (a hydration or a submission
+		// cut by the pause, or one that committed): it is the new
+		// owner's to answer for.
+		return "", notOwner(err)
+	}
+	return id, err
+}
+
+// startRemoteChild is StartRemoteChild past its ownership checks.
+func startRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (string, error) {
+	child, release, err := rt.Acquire(ctx, req.Child())
 	if err != nil {
 		return "", err
 	}
@@ -115,11 +127,6 @@ func StartRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (
 		return "", err
 	}
 	cr, _, err := ch.startChildRun(ctx, req.RunID, req.Input, ChildRequest{RunID: req.RunID, AgentType: req.Class, ParentPath: req.ParentPath}, childStart{})
-	if !rt.Owns(path) {
-		// The lease ended during the start: its commit (if any) is the
-		// new owner's to answer for.
-		return "", notOwner(err)
-	}
 	if err != nil {
 		return "", err
 	}
