@@ -94,6 +94,13 @@ type childRun struct {
 	waiting []chat.WaitingCall
 	changed chan struct{}
 	abort   chan struct{}
+	// submitted, when set, is closed once the submission that starts the
+	// run (startChildRun) has committed or failed; failed (guarded by
+	// host.mu) tells which. The run is known before then, so that its
+	// turn's first progress finds it, but no start answers with it until
+	// it committed. Nil for a run known from its stored record.
+	submitted chan struct{}
+	failed    bool
 }
 
 // childEnd is a run's end as recorded in the child's row.
@@ -155,18 +162,32 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	if !ok {
 		return nil, false, errNoChat
 	}
-	h.mu.Lock()
-	if cr, ok := h.child[runID]; ok {
+	for {
+		// A run known here is answered once its start committed: an
+		// answer (a stream id) must name a stored run and turn. A start
+		// that failed left the run unknown: try again.
+		h.mu.Lock()
+		cr, ok := h.child[runID]
 		h.mu.Unlock()
-		return cr, false, nil
+		if !ok {
+			break
+		}
+		if ok, err := h.awaitSubmitted(ctx, cr); ok || err != nil {
+			return cr, false, err
+		}
 	}
-	h.mu.Unlock()
 	insp, err := h.inspectChild(ctx, runID)
 	if err != nil {
 		return nil, false, err
 	}
 	if insp != nil && insp.RequestID != "" {
-		return h.track(runID, insp.RequestID, insp.Status != childRunning), false, nil
+		cr := h.track(runID, insp.RequestID, insp.Status != childRunning)
+		if ok, err := h.awaitSubmitted(ctx, cr); !ok && err == nil {
+			// A concurrent start of the run failed: it is recorded all
+			// the same, so it is tracked from its record.
+			cr = h.track(runID, insp.RequestID, insp.Status != childRunning)
+		}
+		return cr, false, nil
 	}
 	if insp != nil && (len(input) == 0 || string(input) == "null") {
 		// Recorded but never started (a crash in between): start it with
@@ -187,11 +208,13 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 	// The run is known under its turn's id before the turn starts, so the
 	// child's first ReportProgress already finds it.
 	cr = &childRun{runID: runID, streamID: newID(), done: make(chan struct{}), fuse: opt.fuse,
-		changed: make(chan struct{}), abort: make(chan struct{})}
+		changed: make(chan struct{}), abort: make(chan struct{}), submitted: make(chan struct{})}
 	h.mu.Lock()
-	if other, ok := h.child[runID]; ok {
+	if _, ok := h.child[runID]; ok {
 		h.mu.Unlock()
-		return other, false, nil
+		// Another start of the run came first: answer with it once it
+		// committed.
+		return h.startChildRun(ctx, runID, input, req, opt)
 	}
 	h.child[runID] = cr
 	h.mu.Unlock()
@@ -217,17 +240,43 @@ func (h *host) startChildRun(ctx context.Context, runID string, input json.RawMe
 		End: h.endHook(cr)})
 	if err != nil {
 		h.mu.Lock()
-		delete(h.child, runID)
+		if h.child[runID] == cr {
+			delete(h.child, runID)
+		}
+		cr.failed = true
 		h.mu.Unlock()
+		close(cr.submitted)
 		return nil, false, fmt.Errorf("agenttool: start child turn: %w", err)
 	}
-	if streamID != cr.streamID {
-		h.mu.Lock()
-		cr.streamID = streamID // an earlier submission of this run keeps its id
-		h.mu.Unlock()
-	}
+	h.mu.Lock()
+	cr.streamID = streamID // an earlier submission of this run keeps its id
+	h.mu.Unlock()
+	close(cr.submitted)
 	h.watchRun(cr)
 	return cr, true, nil
+}
+
+// awaitSubmitted waits until the submission that starts cr committed (ok)
+// or failed (neither ok nor an error). A run known from its record is
+// committed. The wait is one transaction of another caller, which takes no
+// input gate, so the caller's gates stay held.
+func (h *host) awaitSubmitted(ctx context.Context, cr *childRun) (ok bool, err error) {
+	if cr.submitted == nil {
+		return true, nil
+	}
+	select {
+	case <-cr.submitted:
+	default:
+		h.publish(ctx, "child:start-wait", map[string]any{"runId": cr.runID})
+		select {
+		case <-cr.submitted:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !cr.failed, nil
 }
 
 // endHook records the run's end in the transaction of its turn's end, and

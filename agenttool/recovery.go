@@ -258,7 +258,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 				}
 			}
 			h.publish(ctx, "recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType})
-			res, err := h.awaitRemote(ctx, p.row, child, streamID, p.r)
+			res, err := h.awaitRemote(ctx, p.row, child, streamID, nil, p.r)
 			if err != nil {
 				return
 			}

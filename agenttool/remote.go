@@ -84,11 +84,39 @@ const DefaultRemotePoll = 100 * time.Millisecond
 const hintedPollFactor = 10
 
 // StartRemoteChild starts, on this node (the child's owner), the run a
-// parent on another node dispatched, and returns the child's turn id.
+// parent on another node dispatched, and returns the child's turn id. It
+// answers only with a run whose record and turn are committed, and only
+// while this node owns the child: a node that lost the child's shard (one
+// paused past its lease answers the calls queued meanwhile) refuses with
+// agent.ErrNotOwner, whatever its start did, and the caller asks the new
+// owner, whose start of the same run id is idempotent.
 func StartRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (string, error) {
 	if len(req.ParentPath) == 0 || req.RunID == "" || !rt.HasClass(req.Class) {
 		return "", fmt.Errorf("%w: start needs a parent path, a run id and a known class", ErrBadRemoteCall)
 	}
+	path := req.Child()
+	notOwner := func(err error) error {
+		if err != nil {
+			return fmt.Errorf("agenttool: start %s: %w (%w)", path, agent.ErrNotOwner, err)
+		}
+		return fmt.Errorf("agenttool: start %s: %w", path, agent.ErrNotOwner)
+	}
+	if !rt.Owns(path) {
+		// An instance still in memory here is not ours to answer for.
+		return "", notOwner(nil)
+	}
+	id, err := startRemoteChild(ctx, rt, req)
+	if !rt.Owns(path) {
+		// The lease ended during the start (a hydration or a submission
+		// cut by the pause, or one that committed): it is the new
+		// owner's to answer for.
+		return "", notOwner(err)
+	}
+	return id, err
+}
+
+// startRemoteChild is StartRemoteChild past its ownership checks.
+func startRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteStart) (string, error) {
 	child, release, err := rt.Acquire(ctx, req.Child())
 	if err != nil {
 		return "", err
@@ -297,7 +325,7 @@ func (h *host) runRemote(ctx, awaitCtx context.Context, row runRow, input json.R
 		h.follow(row)
 		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusRunning}, nil
 	}
-	return h.awaitRemote(awaitCtx, row, child, streamID, r)
+	return h.awaitRemote(awaitCtx, row, child, streamID, input, r)
 }
 
 // followRemote is follow for a child on another node.
@@ -307,7 +335,7 @@ func (h *host) followRemote(ctx context.Context, row runRow, r Remote) {
 	if err != nil || insp == nil || insp.RequestID == "" {
 		return // the reconcile keeps watching
 	}
-	if _, err := h.awaitRemote(ctx, row, child, insp.RequestID, r); err != nil && ctx.Err() == nil {
+	if _, err := h.awaitRemote(ctx, row, child, insp.RequestID, nil, r); err != nil && ctx.Err() == nil {
 		h.b.Logger().Error("agenttool: detached run", "run", row.RunID, "err", err)
 	}
 }
@@ -355,11 +383,24 @@ func (h *host) reconcileRemote(ctx context.Context, row runRow, r Remote) {
 	}
 }
 
+// missingPolls is how many polls in a row a follower finds no record of
+// its run in the child before it acts: a start is answered only once the
+// child's record is committed, so a record that is missing was never
+// written or was deleted since.
+const missingPolls = 5
+
 // awaitRemote follows a run whose child is on another node: it forwards
 // the child's committed chunks to the parent's clients and records the
 // run's end once the child's record of it has one. A cancel of the run
 // (its context) asks the child's owner to abort it.
-func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, streamID string, r Remote) (Result, error) {
+//
+// It never waits forever on a child with no record of the run: after
+// missingPolls polls without one, a canceled run ends aborted; a run with
+// its input (a dispatch) is started again through the child's current
+// owner (starting is idempotent) and followed under the turn id it
+// answers; one without its input (a recovery) ends interrupted once the
+// record has been missing for the no-progress budget.
+func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, streamID string, input json.RawMessage, r Remote) (Result, error) {
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lr := &liveRun{cancel: cancel, done: make(chan struct{})}
@@ -402,8 +443,13 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	}
 	wake := h.remoteWake(child)
 	defer wake.close()
+	clock := h.rt.Clock()
 	var insp *Inspection
+	var ended *Result // the run's end when the child has no record of it
 	canceled := false
+	missing := 0 // polls in a row that found no record
+	var missingSince time.Time
+	lim := h.reattachLimits()
 	err := agent.Await(ctx, func() error {
 		for {
 			forward()
@@ -412,6 +458,36 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 				insp = in
 				forward() // the chunks committed with the end
 				return nil
+			}
+			switch {
+			case err != nil:
+			case in != nil:
+				missing = 0
+			case missing == 0:
+				missingSince = clock.Now()
+			case missing >= missingPolls && canceled:
+				ended = &Result{Status: StatusAborted, Error: causeText(runCtx)}
+				return nil
+			case missing >= missingPolls && input != nil:
+				missing = 0
+				h.b.Logger().Warn("agenttool: remote child has no record of the run: starting it again", "run", row.RunID)
+				id, err := r.StartChild(runCtx, RemoteStart{ParentPath: h.b.Path(), Class: row.AgentType, RunID: row.RunID, Input: input})
+				if err != nil {
+					h.b.Logger().Error("agenttool: start remote child again", "run", row.RunID, "err", err)
+				} else if id != streamID {
+					// The turn the parent was told of never committed: the
+					// run is this one (its chunks are all new).
+					streamID, after = id, -1
+				}
+				continue
+			case missing >= missingPolls && lim.noProgress > 0 && clock.Since(missingSince) >= lim.noProgress:
+				ended = &Result{Status: StatusInterrupted, Reason: ReasonNoProgress, Error: interruptedMessage(ReasonNoProgress)}
+				return nil
+			}
+			tick := func() {
+				if err == nil && in == nil {
+					missing++
+				}
 			}
 			select {
 			case <-h.rt.Context().Done():
@@ -426,11 +502,13 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 				select {
 				case <-wake.hint:
 				case <-wake.tick.Chan():
+					tick()
 				case <-h.rt.Context().Done():
 					return agent.ErrClosed
 				}
 			case <-wake.hint:
 			case <-wake.tick.Chan():
+				tick()
 			}
 		}
 	})
@@ -440,6 +518,9 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	// Signals seen so far (milestone notices) are handled before the end
 	// is delivered, so a chat reads them in order.
 	signals.close()
+	if ended != nil {
+		return h.finish(bg, row, *ended, after+1)
+	}
 	res := resultFromInspection(*insp)
 	if runCtx.Err() != nil && res.Status != StatusCompleted {
 		res = Result{Status: StatusAborted, Error: causeText(runCtx)}
@@ -476,7 +557,7 @@ func (h *host) redispatchRemote(ctx context.Context, row runRow, input json.RawM
 		h.mu.Unlock()
 	}
 	h.publish(ctx, "recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
-	return h.awaitRemote(ctx, row, child, streamID, r)
+	return h.awaitRemote(ctx, row, child, streamID, input, r)
 }
 
 // forwardStoredRemote is forwardStored for a child on another node: it
