@@ -36,7 +36,10 @@ func newPausingPlacement(child agent.Path) *pausingPlacement {
 
 func (p *pausingPlacement) Owns(agent.Path) bool { return p.owns.Load() }
 
-func (p *pausingPlacement) Fence(ctx context.Context, tx store.Tx, path agent.Path) error {
+// Epoch is the one lease epoch of this test's node, while it owns.
+func (p *pausingPlacement) Epoch(agent.Path) (int64, bool) { return 1, p.owns.Load() }
+
+func (p *pausingPlacement) Fence(ctx context.Context, tx store.Tx, path agent.Path, _ int64) error {
 	if path.String() == p.child.String() && p.armed.CompareAndSwap(true, false) {
 		close(p.held)
 		select {
@@ -226,7 +229,10 @@ type splitPlacement struct{ children bool }
 
 func (p splitPlacement) Owns(path agent.Path) bool { return (len(path) > 1) == p.children }
 
-func (p splitPlacement) Fence(ctx context.Context, tx store.Tx, path agent.Path) error {
+// Epoch is the one lease epoch of this test's nodes, for what they own.
+func (p splitPlacement) Epoch(path agent.Path) (int64, bool) { return 1, p.Owns(path) }
+
+func (p splitPlacement) Fence(ctx context.Context, tx store.Tx, path agent.Path, _ int64) error {
 	if !p.Owns(path) {
 		return fmt.Errorf("test fence %s: %w", path, agent.ErrNotOwner)
 	}
