@@ -239,10 +239,20 @@ func runPlan(t *testing.T, p faultPlan) {
 		e.startNamed(id, delay...)
 	}
 	e.balanced(p.Nodes...)
-	// A first fan-out creates the tables the write log watches.
+	// A first fan-out creates the tables the write log watches. A shard
+	// still being handed over answers 503 (retry shortly), as to any
+	// client: it is asked again.
 	var st map[string]int
-	if err := get(t, e.nodes[p.Client].Host, "/agents/fan/"+e.fanNameFrom(p.Parent, 100000)+"/fan-out?n=3&tag=w", &st); err != nil || st["completed"] != 3 {
-		t.Fatalf("warm-up: %v %v", st, err)
+	e.until(60*time.Second, "the warm-up fan-out answered", func() bool {
+		st = nil
+		err := get(t, e.nodes[p.Client].Host, "/agents/fan/"+e.fanNameFrom(p.Parent, 100000)+"/fan-out?n=3&tag=w", &st)
+		if err != nil && !strings.Contains(err.Error(), ": 503 ") {
+			t.Fatalf("warm-up: %v", err)
+		}
+		return err == nil
+	})
+	if st["completed"] != 3 {
+		t.Fatalf("warm-up: %v", st)
 	}
 	initial := e.logLeases()
 	e.logWrites("chat_chunks", "chat_streams", "agent_tool_child_runs", "agent_tool_runs")
