@@ -340,9 +340,6 @@ func supersededMetadata(chunks []chunk) map[int]bool {
 // (merged field by field).
 type coverage map[string]coverage
 
-// whole marks a field that a later chunk replaces outright.
-var whole = coverage(nil)
-
 // covers reports whether a deep merge of the later metadata over md
 // leaves no field of md visible: every field of md is set again later.
 func (c coverage) covers(md any) bool {
@@ -393,7 +390,7 @@ func (c coverage) add(md any) coverage {
 			if inner, isObj := v.(map[string]any); isObj {
 				c[k] = coverage{}.add(inner)
 			} else {
-				c[k] = whole
+				c[k] = nil // replaced outright: covers whatever came before
 			}
 		}
 	}
