@@ -493,16 +493,38 @@ func (h *host) hintChunks(ctx context.Context, cr *childRun) (stop func()) {
 	if !ok {
 		return func() {}
 	}
-	h.mu.Lock()
-	streamID := cr.streamID
-	h.mu.Unlock()
 	self := h.b.Path()
-	// Hint never blocks, as FollowStream's callback must not.
-	stop, err := cb.FollowStream(ctx, streamID, -1, func(int, string) { hs.Hint(self) })
-	if err != nil {
-		return func() {}
+	// Each turn of the run in turn: a wait for input goes on with a
+	// continuation turn (waiting.go), whose chunks are hinted too.
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		followed, stop := "", func() {}
+		defer func() { stop() }()
+		for {
+			streamID, _, changed := h.runState(cr)
+			if streamID != followed {
+				stop()
+				followed = streamID
+				// Hint never blocks, as FollowStream's callback must not.
+				var err error
+				if stop, err = cb.FollowStream(ctx, streamID, -1, func(int, string) { hs.Hint(self) }); err != nil {
+					stop = func() {}
+				}
+			}
+			select {
+			case <-changed:
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
 	}
-	return stop
 }
 
 // watch waits for the run's turn and records its end.
@@ -695,16 +717,21 @@ func (h *host) cancelChildRun(ctx context.Context, runID, reason string) error {
 // inspectionCols are the columns of agent_tool_child_runs (as r) that
 // scanInspection reads.
 const inspectionCols = `r.run_id, r.request_id, r.status, r.summary, r.output_json, r.error_message, r.started_at, r.completed_at,
-	r.progress_json, r.last_signal_at`
+	r.progress_json, r.last_signal_at, r.waiting_json`
 
 // scanInspection reads a child's record of a run (inspectionCols).
 func scanInspection(row interface{ Scan(...any) error }) (*Inspection, error) {
 	var in Inspection
-	var req, summary, output, errMsg, progress sql.NullString
+	var req, summary, output, errMsg, progress, waiting sql.NullString
 	var started int64
 	var completed, signal sql.NullInt64
-	if err := row.Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed, &progress, &signal); err != nil {
+	if err := row.Scan(&in.RunID, &req, &in.Status, &summary, &output, &errMsg, &started, &completed, &progress, &signal, &waiting); err != nil {
 		return nil, err
+	}
+	if waiting.Valid && !completed.Valid {
+		// Written by this package (recordWait): a value that does not
+		// decode reads as not waiting.
+		_ = json.Unmarshal([]byte(waiting.String), &in.Waiting)
 	}
 	in.RequestID, in.Summary, in.Error = req.String, summary.String, errMsg.String
 	if output.Valid {

@@ -35,6 +35,11 @@ type Remote interface {
 	// DestroyChild asks the child's owner to destroy the child: its rows,
 	// its descendants' rows, and the instance in the owner's memory.
 	DestroyChild(ctx context.Context, child agent.Path) error
+	// AnswerChild gives the child's owner the answer to a call its run
+	// waits for (AnswerRemoteChild there). A refusal wraps
+	// ErrRunNotWaiting (no such run in flight in the child) or
+	// chat.ErrNotWaiting (the call does not wait for this answer).
+	AnswerChild(ctx context.Context, req RemoteAnswer) error
 }
 
 // Hints wake a parent that follows a run whose child is on another node
@@ -69,6 +74,32 @@ type RemoteCancel struct {
 	Child  agent.Path `json:"child"`
 	RunID  string     `json:"runId"`
 	Reason string     `json:"reason"`
+}
+
+// The kinds of RemoteAnswer.
+const (
+	// AnswerApproval answers an approval request (Approved, Reason).
+	AnswerApproval = "approval"
+	// AnswerOutput answers a client-side tool's call with its output
+	// (Output, or ErrorText when it failed).
+	AnswerOutput = "output"
+)
+
+// maxAnswerOutput bounds the output of a client-side tool's call that a
+// parent gives to a child on another node.
+const maxAnswerOutput = 4 << 20
+
+// RemoteAnswer is the answer to a call that a run of a child on another
+// node waits for: an approval, or a client-side tool's output.
+type RemoteAnswer struct {
+	Child      agent.Path      `json:"child"`
+	RunID      string          `json:"runId"`
+	ToolCallID string          `json:"toolCallId"`
+	Kind       string          `json:"kind"`
+	Approved   bool            `json:"approved,omitempty"`
+	Reason     string          `json:"reason,omitempty"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	ErrorText  string          `json:"errorText,omitempty"`
 }
 
 // ErrBadRemoteCall is the error of a node-to-node call whose request is
@@ -152,6 +183,56 @@ func CancelRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteCancel)
 		return err
 	}
 	return ch.cancelChildRun(ctx, req.RunID, req.Reason)
+}
+
+// AnswerRemoteChild gives, on this node (the child's owner), the answer a
+// parent on another node received for a call the child's run waits for;
+// the run goes on with its continuation turn. Only a run the child has a
+// record of, unfinished, is answered (ErrRunNotWaiting otherwise: a
+// guessed or finished run id wakes no instance), and only while this node
+// owns the child (agent.ErrNotOwner otherwise, and the caller asks the
+// new owner; an answer whose write was fenced did not land).
+func AnswerRemoteChild(ctx context.Context, rt *agent.Runtime, req RemoteAnswer) error {
+	if len(req.Child) < 2 || req.RunID == "" || req.Child[len(req.Child)-1].Name != req.RunID || req.ToolCallID == "" ||
+		(req.Kind != AnswerApproval && req.Kind != AnswerOutput) {
+		return fmt.Errorf("%w: answer needs a child path named by its run id, a tool call id and a kind (approval or output)", ErrBadRemoteCall)
+	}
+	if len(req.Output) > maxAnswerOutput {
+		return fmt.Errorf("%w: answer output over %d bytes", ErrBadRemoteCall, maxAnswerOutput)
+	}
+	if !rt.Owns(req.Child) {
+		return fmt.Errorf("agenttool: answer %s: %w", req.Child, agent.ErrNotOwner)
+	}
+	var open int
+	err := rt.DB().View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_child_runs r JOIN instances i ON i.id = r.instance_id
+			WHERE i.path = ? AND r.run_id = ? AND r.completed_at IS NULL`, req.Child.String(), req.RunID).Scan(&open)
+	})
+	if err != nil {
+		return fmt.Errorf("agenttool: answer %s: %w", req.Child, err)
+	}
+	if open == 0 {
+		return fmt.Errorf("%w: %s has no run %s in flight", ErrRunNotWaiting, req.Child, req.RunID)
+	}
+	err = answerChild(ctx, rt, req)
+	if err != nil && !rt.Owns(req.Child) {
+		return fmt.Errorf("agenttool: answer %s: %w (%w)", req.Child, agent.ErrNotOwner, err)
+	}
+	return err
+}
+
+// answerChild is AnswerRemoteChild past its checks.
+func answerChild(ctx context.Context, rt *agent.Runtime, req RemoteAnswer) error {
+	child, release, err := rt.Acquire(ctx, req.Child)
+	if err != nil {
+		return fmt.Errorf("agenttool: child %s: %w", req.Child, err)
+	}
+	defer release()
+	cb, ok := chatOf(child)
+	if !ok {
+		return errNoChat
+	}
+	return req.apply(ctx, cb)
 }
 
 // DestroyRemoteChild destroys, on this node (the child's owner), a child
@@ -371,9 +452,11 @@ func (h *host) reconcileRemote(ctx context.Context, row runRow, r Remote) {
 			h.giveUp(ctx, row, rc, ReasonBudgetExceeded)
 			return
 		}
-		// A wait for input is known only to the child's node: a remote
-		// run's silence is counted from its last signal alone.
-		if row.det.NoProgressBudget > 0 && insp != nil && insp.LastSignalAt != nil && now.Sub(*insp.LastSignalAt) >= row.det.NoProgressBudget {
+		// A run that waits for input (the child's record says so) is
+		// waiting, not silent; its silence counts from its last signal
+		// (the answer is one).
+		if row.det.NoProgressBudget > 0 && insp != nil && len(insp.Waiting) == 0 && insp.LastSignalAt != nil &&
+			now.Sub(*insp.LastSignalAt) >= row.det.NoProgressBudget {
 			h.giveUp(ctx, row, rc, ReasonNoProgress)
 			return
 		}
@@ -429,6 +512,12 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	defer signals.close()
 	credit := h.progressCrediter(ctx, row)
 	defer credit.stop()
+	// The child's usage reports (chunks of its stream) go up to the
+	// parent's turn, and are held against the run's token budget, as on
+	// one node.
+	usage := newUsageWatch(row.TokenBudget)
+	stopUsage := usage.relay(ctx, row.RunID)
+	defer stopUsage()
 	forward := func() {
 		chunks, err := chat.StoredChunks(bg, h.rt.DB(), child, streamID, after)
 		if err != nil {
@@ -436,10 +525,36 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 		}
 		for _, c := range chunks {
 			credit.offer()
+			usage.offer(c.Body)
 			h.current().broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
 			signals.offer(c.Body)
 			after = c.Seq
 		}
+	}
+	// A run that waits for input goes on with a continuation turn, which
+	// the child records as the run's turn (its stream continues the run's
+	// sequence), and the child records what it waits for: the clients
+	// are told when it starts or stops waiting, as on one node.
+	var waiting []chat.WaitingCall
+	setWaiting := func(w []chat.WaitingCall) {
+		if (len(w) > 0) != (len(waiting) > 0) {
+			forward() // what came before the change
+			credit.offer()
+			// An unstored chunk: it reuses the next position.
+			h.current().broadcast(row.ParentToolCallID, eventSeq(after+1, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(after+1, w)})
+		}
+		waiting = w
+	}
+	follow := func(in *Inspection) {
+		if in.RequestID != "" && in.RequestID != streamID {
+			// Answered: the input was received, and the run goes on
+			// with the continuation.
+			setWaiting(nil)
+			forward() // the rest of the turn that ended waiting
+			streamID = in.RequestID
+			forward()
+		}
+		setWaiting(in.Waiting)
 	}
 	wake := h.remoteWake(child)
 	defer wake.close()
@@ -447,6 +562,8 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	var insp *Inspection
 	var ended *Result // the run's end when the child has no record of it
 	canceled := false
+	var gaveUp Reason // the parent stopped the run: its token budget
+	over := usage.over
 	missing := 0 // polls in a row that found no record
 	var missingSince time.Time
 	lim := h.reattachLimits()
@@ -456,6 +573,9 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 			in, err := h.remoteInspection(bg, child, row.RunID)
 			if err == nil && in != nil && in.CompletedAt != nil {
 				insp = in
+				if in.RequestID != "" && in.RequestID != streamID {
+					follow(in) // answered, and ended before this poll
+				}
 				forward() // the chunks committed with the end
 				return nil
 			}
@@ -463,8 +583,12 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 			case err != nil:
 			case in != nil:
 				missing = 0
+				follow(in)
 			case missing == 0:
 				missingSince = clock.Now()
+			case missing >= missingPolls && gaveUp != "":
+				ended = &Result{Status: StatusAborted}
+				return nil
 			case missing >= missingPolls && canceled:
 				ended = &Result{Status: StatusAborted, Error: causeText(runCtx)}
 				return nil
@@ -506,6 +630,12 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 				case <-h.rt.Context().Done():
 					return agent.ErrClosed
 				}
+			case <-over:
+				over = nil
+				gaveUp = ReasonBudgetExceeded
+				if err := r.CancelChild(bg, RemoteCancel{Child: child, RunID: row.RunID, Reason: "agent tool run stopped by the parent: budget-exceeded"}); err != nil {
+					h.b.Logger().Error("agenttool: tear down remote child", "run", row.RunID, "err", err)
+				}
 			case <-wake.hint:
 			case <-wake.tick.Chan():
 				tick()
@@ -518,13 +648,23 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	// Signals seen so far (milestone notices) are handled before the end
 	// is delivered, so a chat reads them in order.
 	signals.close()
+	var res Result
 	if ended != nil {
-		return h.finish(bg, row, *ended, after+1)
+		res = *ended
+	} else {
+		res = resultFromInspection(*insp)
 	}
-	res := resultFromInspection(*insp)
 	if runCtx.Err() != nil && res.Status != StatusCompleted {
 		res = Result{Status: StatusAborted, Error: causeText(runCtx)}
 	}
+	if gaveUp != "" && res.Status != StatusCompleted {
+		// As on one node: the run stopped by its budget is interrupted,
+		// not retryable.
+		res = Result{Status: StatusInterrupted, Error: usage.budgetError(), Reason: gaveUp, ChildStillRunning: ptr(false)}
+		h.publish(ctx, "recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
+	}
+	stopUsage()
+	res.Usage = usage.usage()
 	return h.finish(bg, row, res, after+1)
 }
 

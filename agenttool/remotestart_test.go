@@ -319,3 +319,7 @@ func TestRemoteFollowerRestartsUnrecordedRun(t *testing.T) {
 		t.Errorf("OnAgentToolFinish fired %d times, want once", n)
 	}
 }
+
+func (r *lyingRemote) AnswerChild(ctx context.Context, req agenttool.RemoteAnswer) error {
+	return agenttool.AnswerRemoteChild(ctx, r.child(), req)
+}

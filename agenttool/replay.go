@@ -246,7 +246,15 @@ func byChunkSeq(a, b chunk) int { return cmp.Compare(a.seq, b.seq) }
 // all in the snapshot it read, and one whose hydration is slow must not
 // hold up the connection.
 func (h *host) residentWaiting(r runRow) []chat.WaitingCall {
-	child, ok := h.rt.Lookup(h.b.Path().Child(r.AgentType, r.RunID))
+	path := h.b.Path().Child(r.AgentType, r.RunID)
+	if h.remote(path) != nil {
+		// On another node: its record says what it waits for.
+		if in, err := h.remoteInspection(h.rt.Context(), path, r.RunID); err == nil && in != nil {
+			return in.Waiting
+		}
+		return nil
+	}
+	child, ok := h.rt.Lookup(path)
 	if !ok {
 		return nil
 	}

@@ -98,4 +98,10 @@ var migrations = []store.Migration{{
 	Version: 5,
 	Statements: []string{`UPDATE agent_tool_runs SET finish_delivered_at = COALESCE(completed_at, started_at)
 		WHERE detached = 0 AND finish_delivered_at IS NULL AND status IN ('completed', 'error', 'aborted', 'interrupted')`},
+}, {
+	// waiting_json is what a child's run waits for (its approvals and
+	// client tools' outputs), null while it does not wait: a parent on
+	// another node of a cluster reads it to tell waiting from silence.
+	Version:    6,
+	Statements: []string{`ALTER TABLE agent_tool_child_runs ADD COLUMN waiting_json TEXT`},
 }}

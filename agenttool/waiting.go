@@ -42,6 +42,12 @@ func (h *host) waitRunTurns(ctx context.Context, cb *chat.Base, cr *childRun) (c
 			return res, err
 		}
 		h.setRunState(cr, streamID, res.Waiting)
+		// Recorded for a parent on another node, which reads it to tell
+		// waiting from silence: advisory, so a failure only logs.
+		if err := h.recordWait(ctx, cr.runID, streamID, res.Waiting); err != nil && ctx.Err() == nil {
+			h.b.Logger().Warn("agenttool: record wait for input", "run", cr.runID, "err", err)
+		}
+		h.hintParent()
 		h.publish(ctx, "waiting", map[string]any{"runId": cr.runID, "calls": len(res.Waiting)})
 		wctx, cancel := context.WithCancel(ctx)
 		go func() {
@@ -59,7 +65,7 @@ func (h *host) waitRunTurns(ctx context.Context, cb *chat.Base, cr *childRun) (c
 			}
 			return res, err
 		}
-		if err := h.recordTurnID(ctx, cr.runID, next); err != nil {
+		if err := h.recordWait(ctx, cr.runID, next, nil); err != nil {
 			return res, err
 		}
 		// The answer is a signal: a no-progress budget counts from it.
@@ -67,9 +73,32 @@ func (h *host) waitRunTurns(ctx context.Context, cb *chat.Base, cr *childRun) (c
 			return res, err
 		}
 		h.setRunState(cr, next, nil)
+		h.hintParent()
 		h.publish(ctx, "resumed", map[string]any{"runId": cr.runID, "stream": next})
 		streamID = next
 	}
+}
+
+// recordWait records the run's current turn and what it waits for (nil:
+// nothing), in the child's record of the run.
+func (h *host) recordWait(ctx context.Context, runID, streamID string, waiting []chat.WaitingCall) error {
+	var col any
+	if len(waiting) > 0 {
+		raw, err := json.Marshal(waiting)
+		if err != nil {
+			return fmt.Errorf("agenttool: encode wait: %w", err)
+		}
+		col = string(raw)
+	}
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_child_runs SET request_id = ?, waiting_json = ? WHERE instance_id = ? AND run_id = ?`,
+			streamID, col, h.iid, runID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("agenttool: record child turn: %w", err)
+	}
+	return nil
 }
 
 // setRunState records the run's current turn and what it waits for, and
@@ -125,50 +154,61 @@ func waitingProgress(at int, waiting []chat.WaitingCall) string {
 // AnswerAgentToolApproval answers, from the parent, the approval request
 // of the tool call toolCallID that the run runID's child waits for; the
 // child goes on with its run. Only a run of parent's registry that is in
-// flight can be answered.
+// flight can be answered. In a cluster, a child on another node gets the
+// answer through its owner (Remote.AnswerChild).
 func AnswerAgentToolApproval(ctx context.Context, parent agent.Agent, runID, toolCallID string, approved bool, reason string) error {
-	return answerRun(ctx, parent, runID, func(ctx context.Context, cb *chat.Base) error {
-		_, err := cb.AddToolApprovalResponse(ctx, toolCallID, approved, reason, chat.AnswerOptions{AutoContinue: true})
-		return err
-	})
+	return answerRun(ctx, parent, RemoteAnswer{RunID: runID, ToolCallID: toolCallID, Kind: AnswerApproval, Approved: approved, Reason: reason})
 }
 
 // AnswerAgentToolOutput answers, from the parent, a client-side tool's
 // call toolCallID that the run runID's child waits for, with output (or
 // errText when it is not empty).
 func AnswerAgentToolOutput(ctx context.Context, parent agent.Agent, runID, toolCallID string, output json.RawMessage, errText string) error {
-	return answerRun(ctx, parent, runID, func(ctx context.Context, cb *chat.Base) error {
-		_, err := cb.AddToolOutput(ctx, toolCallID, output, errText, chat.AnswerOptions{AutoContinue: true})
-		return err
-	})
+	return answerRun(ctx, parent, RemoteAnswer{RunID: runID, ToolCallID: toolCallID, Kind: AnswerOutput, Output: output, ErrorText: errText})
 }
 
 // ErrRunNotWaiting refuses an answer for a run that is not in flight in
 // the parent's registry.
 var ErrRunNotWaiting = errors.New("agenttool: no such run in flight")
 
-func answerRun(ctx context.Context, parent agent.Agent, runID string, fn func(ctx context.Context, cb *chat.Base) error) error {
+func answerRun(ctx context.Context, parent agent.Agent, a RemoteAnswer) error {
 	h, err := hostOf(parent)
 	if err != nil {
 		return err
 	}
-	row, ok, err := h.readRun(ctx, runID)
+	row, ok, err := h.readRun(ctx, a.RunID)
 	if err != nil {
 		return fmt.Errorf("agenttool: read run: %w", err)
 	}
 	if !ok || !row.Status.Active() {
 		return ErrRunNotWaiting
 	}
-	child, release, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, runID))
+	a.Child = h.b.Path().Child(row.AgentType, a.RunID)
+	if r := h.remote(a.Child); r != nil {
+		return r.AnswerChild(ctx, a)
+	}
+	child, release, err := h.rt.Acquire(ctx, a.Child)
 	if err != nil {
-		return fmt.Errorf("agenttool: child of %s: %w", runID, err)
+		return fmt.Errorf("agenttool: child of %s: %w", a.RunID, err)
 	}
 	defer release()
 	cb, ok := chatOf(child)
 	if !ok {
 		return errNoChat
 	}
-	return fn(ctx, cb)
+	return a.apply(ctx, cb)
+}
+
+// apply gives the answer to the child's chat; it starts the continuation
+// turn once no call of the step waits any more.
+func (a RemoteAnswer) apply(ctx context.Context, cb *chat.Base) error {
+	var err error
+	if a.Kind == AnswerApproval {
+		_, err = cb.AddToolApprovalResponse(ctx, a.ToolCallID, a.Approved, a.Reason, chat.AnswerOptions{AutoContinue: true})
+	} else {
+		_, err = cb.AddToolOutput(ctx, a.ToolCallID, a.Output, a.ErrorText, chat.AnswerOptions{AutoContinue: true})
+	}
+	return err
 }
 
 // Frames a parent's clients send to answer a child's wait.

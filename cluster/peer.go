@@ -18,6 +18,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat"
 )
 
 // PeerPrefix is the URL path prefix of the node-to-node calls.
@@ -134,6 +135,36 @@ func (p *Peer) DestroyChild(ctx context.Context, child agent.Path) error {
 	})
 }
 
+// AnswerChild gives the child's owner the answer to a call its run waits
+// for. The owner's refusals come back as the errors agenttool.Remote
+// names: agenttool.ErrRunNotWaiting and chat.ErrNotWaiting.
+func (p *Peer) AnswerChild(ctx context.Context, req agenttool.RemoteAnswer) error {
+	err := p.call(ctx, req.Child, "answer-child", req, nil, func(ctx context.Context) error {
+		return agenttool.AnswerRemoteChild(ctx, p.Runtime, req)
+	})
+	var se *statusError
+	if errors.As(err, &se) {
+		switch se.status {
+		case http.StatusNotFound:
+			return fmt.Errorf("%w (%s)", agenttool.ErrRunNotWaiting, se.text)
+		case http.StatusConflict:
+			return fmt.Errorf("%w (%s)", chat.ErrNotWaiting, se.text)
+		}
+	}
+	return err
+}
+
+// statusError is a node-to-node call the owner answered with an error.
+type statusError struct {
+	op, addr string
+	status   int
+	text     string
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("cluster: %s on %s: %d %s", e.op, e.addr, e.status, e.text)
+}
+
 // errMoving is a call that reached no owner: the shard is changing hands.
 var errMoving = errors.New("cluster: no owner reachable")
 
@@ -207,7 +238,7 @@ func (p *Peer) post(ctx context.Context, addr, op string, body []byte, out any) 
 	case resp.StatusCode == http.StatusMisdirectedRequest || resp.StatusCode == http.StatusServiceUnavailable:
 		return fmt.Errorf("%w: %s", errMoving, strings.TrimSpace(string(data)))
 	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("cluster: %s on %s: %d %s", op, addr, resp.StatusCode, strings.TrimSpace(string(data)))
+		return &statusError{op: op, addr: addr, status: resp.StatusCode, text: strings.TrimSpace(string(data))}
 	}
 	if out != nil {
 		return json.Unmarshal(data, out)
@@ -260,6 +291,15 @@ func (p *Peer) Handler() http.Handler {
 			}
 			err = agenttool.DestroyRemoteChild(ctx, p.Runtime, req.Child)
 			out = map[string]string{}
+		case "answer-child":
+			var req agenttool.RemoteAnswer
+			if err = json.Unmarshal(data, &req); err != nil {
+				err = badRequest(err)
+				break
+			}
+			// The continuation turn the answer starts outlives the call.
+			err = agenttool.AnswerRemoteChild(context.WithoutCancel(ctx), p.Runtime, req)
+			out = map[string]string{}
 		case "check-sub-agent":
 			out, err = p.serveGate(ctx, data)
 		default:
@@ -271,6 +311,10 @@ func (p *Peer) Handler() http.Handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 		case errors.Is(err, agent.ErrNotOwner), errors.Is(err, ErrNotOwner), errors.Is(err, ErrFenced):
 			http.Error(w, err.Error(), http.StatusMisdirectedRequest)
+		case errors.Is(err, agenttool.ErrRunNotWaiting):
+			http.Error(w, err.Error(), http.StatusNotFound)
+		case errors.Is(err, chat.ErrUnknownToolCall), errors.Is(err, chat.ErrNotWaiting), errors.Is(err, chat.ErrTurnRunning):
+			http.Error(w, err.Error(), http.StatusConflict)
 		case err != nil:
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 		default:
