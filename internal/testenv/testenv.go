@@ -60,6 +60,10 @@ type Options struct {
 	// a database of this scratch cluster, named by Dir, instead of SQLite
 	// (see internal/teststore).
 	Postgres *pgtest.Cluster
+	// Placement, when set, makes the runtime one node of a pretend
+	// cluster (agent.Options.Placement): two Envs with the same Dir on
+	// PostgreSQL share one database, as nodes do.
+	Placement agent.Placement
 }
 
 // Env is a running server.
@@ -88,7 +92,7 @@ func Start(t testing.TB, opts Options) *Env {
 	}
 	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: opts.Clock, IdleTimeout: idle, Logger: opts.Logger,
 		MaxCallsPerConn: opts.MaxCallsPerConn, MaxInstances: opts.MaxInstances,
-		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider})
+		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider, Placement: opts.Placement})
 	if err != nil {
 		t.Fatal(err)
 	}
