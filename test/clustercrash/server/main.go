@@ -4,7 +4,8 @@
 // chunks with a delay), and records every OnAgentToolFinish in its own
 // table (fan_finishes: run id → how often it fired) so the tests can check
 // that each fired exactly once. A Prog child reports progress and
-// milestones; the Fan's other operations (serveRemoteOps) dispatch
+// milestones; Pub and Clock children wait for input (an approval, a
+// client tool's output); the Fan's other operations (serveRemoteOps) dispatch
 // detached runs, cancel, clear and read its ledgers, and its
 // OnBeforeSubAgent gates drill-in (?drill=yes).
 //
@@ -139,6 +140,50 @@ func (p *Prog) OnChatMessage(ctx context.Context, t *chat.Turn) error {
 		}
 	}
 	return t.WriteText("finished the work")
+}
+
+// Pub is a child whose publish_findings tool needs approval: its turn
+// waits for input until the approval (or denial) comes, from the parent's
+// connection or the drill-in chat, and then reports the tool's result.
+type Pub struct{ chat.Base }
+
+// ChatModel calls publish_findings, then reports its result.
+func (p *Pub) ChatModel() model.Model {
+	return scripted.New(scripted.WithRules(
+		scripted.Rule{Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.Text("publish result: " + string(scripted.ToolResults(req)[0].Output))}
+		}},
+		scripted.Rule{Reply: scripted.Always(scripted.Reply{scripted.Text("Researching. "),
+			scripted.ToolCall("publish_findings", map[string]any{"title": "t"})})},
+	))
+}
+
+// Tools is publish_findings, which needs approval.
+func (p *Pub) Tools() []chat.Tool {
+	return []chat.Tool{chat.NewTool("publish_findings", "Publish.", func(ctx context.Context, in struct {
+		Title string `json:"title"`
+	}) (string, error) {
+		return "published " + in.Title, nil
+	}).WithApproval(chat.RequireApproval)}
+}
+
+// Clock is a child that asks its client for the local time (a client-side
+// tool, answered from the parent's connection).
+type Clock struct{ chat.Base }
+
+// ChatModel calls get_local_time, then tells the time.
+func (c *Clock) ChatModel() model.Model {
+	return scripted.New(scripted.WithRules(
+		scripted.Rule{Match: scripted.LastIsToolResult, Reply: func(req *model.Request) scripted.Reply {
+			return scripted.Reply{scripted.Text("the time is " + string(scripted.ToolResults(req)[0].Output))}
+		}},
+		scripted.Rule{Reply: scripted.Always(scripted.Reply{scripted.ToolCall("get_local_time", map[string]any{})})},
+	))
+}
+
+// Tools is the client tool get_local_time.
+func (c *Clock) Tools() []chat.Tool {
+	return []chat.Tool{chat.NewClientTool[struct{}]("get_local_time", "The local time.")}
 }
 
 // OnAgentToolFinish counts the finish of a run.
@@ -353,6 +398,8 @@ func main() {
 		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
 		rt.MustRegister(agent.Class{Name: "Prog", New: func() agent.Agent { return &Prog{step: *step} }})
+		rt.MustRegister(agent.Class{Name: "Pub", New: func() agent.Agent { return &Pub{} }})
+		rt.MustRegister(agent.Class{Name: "Clock", New: func() agent.Agent { return &Clock{} }})
 		rt.MustRegister(tickerClass(*nodeID))
 		// debug/resident?path= says whether this node holds the instance
 		// in memory.
