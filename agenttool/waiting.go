@@ -185,7 +185,9 @@ func answerRun(ctx context.Context, parent agent.Agent, a RemoteAnswer) error {
 	}
 	a.Child = h.b.Path().Child(row.AgentType, a.RunID)
 	if r := h.remote(a.Child); r != nil {
-		return r.AnswerChild(ctx, a)
+		// A call to another node: an await point, as a call into another
+		// instance is.
+		return agent.Await(ctx, func() error { return r.AnswerChild(ctx, a) })
 	}
 	child, release, err := h.rt.Acquire(ctx, a.Child)
 	if err != nil {
