@@ -651,10 +651,7 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	var res Result
 	if ended != nil {
 		res = *ended
-	} else {
-		res = resultFromInspection(*insp)
-	}
-	if runCtx.Err() != nil && res.Status != StatusCompleted {
+	} else if res = resultFromInspection(*insp); runCtx.Err() != nil && res.Status != StatusCompleted {
 		res = Result{Status: StatusAborted, Error: causeText(runCtx)}
 	}
 	if gaveUp != "" && res.Status != StatusCompleted {
