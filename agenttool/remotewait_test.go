@@ -254,6 +254,12 @@ func TestRemoteChildApprovalFromParent(t *testing.T) {
 			if _, ok := nodes.children.RT.Lookup(guess); ok {
 				t.Error("a guessed run id woke an instance")
 			}
+			// A node that does not own the child refuses (a node call then
+			// asks the new owner).
+			if err := agenttool.AnswerRemoteChild(ctx, nodes.parents.RT, agenttool.RemoteAnswer{Child: child, RunID: runID,
+				ToolCallID: call, Kind: agenttool.AnswerApproval, Approved: true}); !errors.Is(err, agent.ErrNotOwner) {
+				t.Errorf("answer on a node that does not own the child: %v, want agent.ErrNotOwner", err)
+			}
 			if err := agenttool.AnswerRemoteChild(ctx, nodes.children.RT, agenttool.RemoteAnswer{Child: child, RunID: "other", ToolCallID: call, Kind: agenttool.AnswerApproval}); !errors.Is(err, agenttool.ErrBadRemoteCall) {
 				t.Errorf("answer whose run id does not name the child: %v, want ErrBadRemoteCall", err)
 			}
