@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -84,6 +85,15 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 		if len(runs) == 0 {
 			return nil
 		}
+		// What runs on other nodes wait for, read before their chunks and
+		// again after them (remoteWaits).
+		var before map[string]childWait
+		if h.opts.Remote != nil && h.rt.Placement() != nil {
+			if before, err = h.childWaits(ctx, tx); err != nil {
+				return err
+			}
+		}
+		var later []laterWait
 		groups, err := h.chunkGroups(ctx, tx)
 		if err != nil {
 			return err
@@ -107,9 +117,15 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 					ahead[run] = list
 				}
 			}
-			h.replayRun(conn, r, chunks, sent, active)
+			if lw, ok := h.replayRun(conn, r, chunks, sent, active); ok && len(before) > 0 {
+				later = append(later, lw)
+			}
 		}
-		return groups.err()
+		if err := groups.err(); err != nil {
+			return err
+		}
+		groups.close()
+		return h.replayRemoteWaits(ctx, tx, conn, before, later, sent)
 	})
 	if err != nil {
 		h.b.Logger().Error("agenttool: replay", "err", err)
@@ -130,7 +146,10 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 
 // replayRun sends one run: started, its stored chunks and, for a finished
 // run, its terminal event.
-func (h *host) replayRun(conn *agent.Conn, r runRow, chunks []chunk, sent map[string]int64, active map[string]bool) {
+//
+// A run whose child is on another node is not told waiting here: it is
+// returned, with the position its wait would take, for replayRemoteWaits.
+func (h *host) replayRun(conn *agent.Conn, r runRow, chunks []chunk, sent map[string]int64, active map[string]bool) (laterWait, bool) {
 	send := func(seq int64, ev Event) {
 		frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: r.ParentToolCallID, Sequence: seq, Replay: true, Event: ev})
 		if err == nil {
@@ -141,24 +160,99 @@ func (h *host) replayRun(conn *agent.Conn, r runRow, chunks []chunk, sent map[st
 	order := r.DisplayOrder
 	send(0, Event{Kind: "started", RunID: r.RunID, AgentType: r.AgentType, InputPreview: r.InputPreview, Order: &order, Display: r.Display})
 	var waiting []chat.WaitingCall
+	remote := r.Status.Active() && h.remote(h.b.Path().Child(r.AgentType, r.RunID)) != nil
 	if r.Status.Active() {
-		waiting = h.residentWaiting(r)
+		if !remote {
+			waiting = h.residentWaiting(r)
+		}
 		active[r.RunID] = true
 	}
 	for _, c := range compact(chunks) {
 		send(eventSeq(c.seq, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: c.body})
 	}
+	at := 0
+	if n := len(chunks); n > 0 {
+		at = chunks[n-1].seq + 1
+	}
 	if len(waiting) > 0 {
 		// A run that waits for input says so, as live (waiting.go).
-		at := 0
-		if n := len(chunks); n > 0 {
-			at = chunks[n-1].seq + 1
-		}
 		send(eventSeq(at, r.marks), Event{Kind: "chunk", RunID: r.RunID, Body: waitingProgress(at, waiting)})
 	}
 	if !r.Status.Active() && len(r.marks) > 0 {
 		send(terminalSeq(r.marks), terminalEvent(r.Result()))
 	}
+	return laterWait{r: r, at: at}, remote
+}
+
+// laterWait is a replayed run whose child is on another node, and the
+// position its wait for input would take.
+type laterWait struct {
+	r  runRow
+	at int
+}
+
+// childWait is a child's record of a run that waits for input: its turn
+// and what it waits for.
+type childWait struct {
+	streamID string
+	waiting  []chat.WaitingCall
+}
+
+// childWaits reads the runs of this parent's children that wait for
+// input, by run id, from their records (which a child on another node
+// writes, recordWait).
+func (h *host) childWaits(ctx context.Context, tx store.Tx) (map[string]childWait, error) {
+	rows, err := tx.Query(ctx, `SELECT c.run_id, COALESCE(c.request_id, ''), c.waiting_json
+		FROM instances i JOIN agent_tool_child_runs c ON c.instance_id = i.id AND i.name = c.run_id
+		WHERE i.parent_id = ? AND c.waiting_json IS NOT NULL AND c.completed_at IS NULL`, h.iid)
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: read children's waits: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]childWait{}
+	for rows.Next() {
+		var runID, raw string
+		var w childWait
+		if err := rows.Scan(&runID, &w.streamID, &raw); err != nil {
+			return nil, fmt.Errorf("agenttool: read children's waits: %w", err)
+		}
+		if json.Unmarshal([]byte(raw), &w.waiting) == nil && len(w.waiting) > 0 {
+			out[runID] = w
+		}
+	}
+	return out, rows.Err()
+}
+
+// replayRemoteWaits tells conn which replayed runs on other nodes wait for
+// input. The children's records were read before the replay's chunks
+// (before) and are read again now: a wait is told only when both reads
+// find it on the same turn, so the chunks read in between are that
+// turn's, complete (the turn's end commits before its wait is recorded),
+// and nothing of a continuation. A wait that began or ended in between is
+// told by the live follower.
+func (h *host) replayRemoteWaits(ctx context.Context, tx store.Tx, conn *agent.Conn, before map[string]childWait, later []laterWait, sent map[string]int64) error {
+	if len(later) == 0 {
+		return nil
+	}
+	now, err := h.childWaits(ctx, tx)
+	if err != nil {
+		return err
+	}
+	for _, lw := range later {
+		b, ok := before[lw.r.RunID]
+		n, still := now[lw.r.RunID]
+		if !ok || !still || b.streamID != n.streamID {
+			continue
+		}
+		seq := eventSeq(lw.at, lw.r.marks)
+		frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: lw.r.ParentToolCallID, Sequence: seq, Replay: true,
+			Event: Event{Kind: "chunk", RunID: lw.r.RunID, Body: waitingProgress(lw.at, n.waiting)}})
+		if err == nil {
+			conn.SendRaw(frame)
+			sent[lw.r.RunID] = max(sent[lw.r.RunID], seq)
+		}
+	}
+	return nil
 }
 
 type chunk struct {
@@ -246,15 +340,7 @@ func byChunkSeq(a, b chunk) int { return cmp.Compare(a.seq, b.seq) }
 // all in the snapshot it read, and one whose hydration is slow must not
 // hold up the connection.
 func (h *host) residentWaiting(r runRow) []chat.WaitingCall {
-	path := h.b.Path().Child(r.AgentType, r.RunID)
-	if h.remote(path) != nil {
-		// On another node: its record says what it waits for.
-		if in, err := h.remoteInspection(h.rt.Context(), path, r.RunID); err == nil && in != nil {
-			return in.Waiting
-		}
-		return nil
-	}
-	child, ok := h.rt.Lookup(path)
+	child, ok := h.rt.Lookup(h.b.Path().Child(r.AgentType, r.RunID))
 	if !ok {
 		return nil
 	}
