@@ -172,7 +172,18 @@ func TestRemoteDetachedRecoveryAfterParentRestart(t *testing.T) {
 		t.Fatalf("%d children finished before the kill: the children are too fast for this test", done)
 	}
 	e.startWith("a", "-step", "1s")
-	e.until(90*time.Second, "every detached run delivered", func() bool { return e.detachedLedger(b.Host, name)["runs"] == n })
+	var last map[string]int
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the detached ledger last read: %v; children done: %d", last, e.childrenDone("r"))
+		}
+	})
+	e.until(90*time.Second, "every detached run delivered", func() bool {
+		if fin := e.detachedLedger(b.Host, name); fin != nil {
+			last = fin
+		}
+		return last["runs"] == n
+	})
 	if fin := e.detachedLedger(b.Host, name); fin["repeated"] != 0 || fin["status:completed"] != n {
 		t.Errorf("detached ledger %v, want %d completed once each", fin, n)
 	}
