@@ -37,6 +37,18 @@ func openCheckpointed(t *testing.T, maxWAL int) (*sqlite.DB, *clockwork.FakeCloc
 	return db, clock, runs, path
 }
 
+// createRows creates the table insertPages writes to.
+func createRows(t *testing.T, db store.DB) {
+	t.Helper()
+	ctx := context.Background()
+	if err := db.Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // insertPages writes n transactions of one 4 KiB row each: about a page
 // of the log apiece.
 func insertPages(t *testing.T, db store.DB, n int) {
@@ -68,12 +80,7 @@ func walPages(t *testing.T, path string) int {
 func TestBackgroundCheckpoint(t *testing.T) {
 	ctx := context.Background()
 	db, clock, runs, path := openCheckpointed(t, 0)
-	if err := db.Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)`)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	createRows(t, db)
 	<-runs // the first commit's checkpoint
 	// The checkpointer now waits out its interval on the fake clock: the
 	// log grows past SQLite's automatic threshold, unchecked.
@@ -105,12 +112,7 @@ func TestBackgroundCheckpoint(t *testing.T) {
 func TestCheckpointBackstop(t *testing.T) {
 	ctx := context.Background()
 	db, _, runs, path := openCheckpointed(t, 200)
-	if err := db.Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)`)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	createRows(t, db)
 	<-runs
 	insertPages(t, db, 2000) // the fake clock stands: no background checkpoint
 	if n := walPages(t, path); n > 200+10 {
