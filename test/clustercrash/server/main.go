@@ -14,6 +14,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -201,7 +202,23 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		http.Error(w, "bad n", http.StatusBadRequest)
 		return
 	}
-	tag := r.URL.Query().Get("tag")
+	statuses := f.fanOut(ctx, n, r.URL.Query().Get("tag"))
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(statuses)
+}
+
+// FanOut is the callable fanOut(n, tag): the fan-out of OnRequest over
+// RPC, for the npm AgentClient.
+func (f *Fan) FanOut(ctx context.Context, n int, tag string) (map[string]int, error) {
+	if n < 0 || n > 10000 {
+		return nil, errors.New("bad n")
+	}
+	return f.fanOut(ctx, n, tag), nil
+}
+
+// fanOut awaits n runs of Worker with run ids tag-i and counts their
+// statuses.
+func (f *Fan) fanOut(ctx context.Context, n int, tag string) map[string]int {
 	statuses := map[string]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -224,8 +241,7 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}()
 	}
 	_ = agent.Await(ctx, func() error { wg.Wait(); return nil })
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(statuses)
+	return statuses
 }
 
 // serveRemoteOps serves the operations of the cross-node tests:
@@ -349,7 +365,8 @@ func main() {
 		agenttool.Install(rt, agenttool.Options{Remote: remote, RemotePoll: *poll})
 		worker := scripted.New(scripted.WithChunkSize(4), scripted.WithDelay(*delay),
 			scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("done done done done")})))
-		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker, node: *nodeID} }, Public: true})
+		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker, node: *nodeID} }, Public: true,
+			Callable: []string{"fanOut"}})
 		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
 		rt.MustRegister(agent.Class{Name: "Prog", New: func() agent.Agent { return &Prog{step: *step} }})
