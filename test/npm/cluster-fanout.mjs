@@ -28,8 +28,12 @@ for (let attempt = 1; ; attempt++) {
     statuses = await c.call("fanOut", [n, tag], { timeout: 0 });
   } catch (e) {
     if (String(e?.message ?? e).includes("Connection closed")) {
-      log(`call ${attempt} cut (${e.message}); calling again`);
-      continue; // sent once the socket is open again
+      log(`call ${attempt} cut (${e.message}); calling again once the socket is open`);
+      // The client refuses calls while its socket is closed after an
+      // error (a node answering 503 while the shard moves): wait for the
+      // reconnect rather than spin.
+      if (c.readyState !== WebSocket.OPEN) await new Promise((r) => c.addEventListener("open", r, { once: true }));
+      continue;
     }
     log(`call ${attempt} failed: ${e?.message ?? e}`);
     process.exit(1);
