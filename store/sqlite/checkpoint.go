@@ -15,9 +15,12 @@ import (
 // that batch waits for it). It runs a PASSIVE checkpoint, which never
 // blocks the writer or a reader, after a commit, at most once an interval.
 //
-// The writer keeps SQLite's automatic checkpoint as a backstop at
-// Options.MaxWALPages: should the checkpointer fall behind (a reader that
-// holds an old snapshot, a starved goroutine), the log still stays bounded.
+// The writer keeps SQLite's automatic checkpoint at Options.MaxWALPages:
+// a log is started again from its beginning only after a checkpoint that
+// copied all of it, which under a steady stream of commits the background
+// one seldom manages between two of them (it copies, and chases, what the
+// log held when it began). The writer's checkpoint then has little left
+// to copy.
 type checkpointer struct {
 	conn  *sql.Conn
 	clock clockwork.Clock
@@ -53,7 +56,16 @@ func (c *checkpointer) loop() {
 			return
 		case <-c.kick:
 		}
-		c.run()
+		// A pass copies the log as it was when it began; commits during it
+		// leave it incomplete, and an incomplete log is never started
+		// again from its beginning (it would grow to the backstop). Each
+		// following pass has less to copy, since copying is faster than
+		// writing: chase it a few times, then wait out the interval.
+		for range maxChase {
+			if c.run() {
+				break
+			}
+		}
 		select {
 		case <-c.stop:
 			return
@@ -62,11 +74,18 @@ func (c *checkpointer) loop() {
 	}
 }
 
+// maxChase bounds the passes of one checkpoint round.
+const maxChase = 4
+
 // run runs one PASSIVE checkpoint. An error (SQLITE_BUSY while another
 // checkpoint runs, an I/O error) is counted and left to the next one or to
 // the writer's backstop: a checkpoint only moves pages that are already
 // durable in the log.
-func (c *checkpointer) run() {
+//
+// It reports whether the log was copied whole, so that the next write
+// starts it from the beginning (an error counts as whole: nothing to
+// chase).
+func (c *checkpointer) run() (whole bool) {
 	var busy, logPages, moved int
 	err := c.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &logPages, &moved)
 	if err != nil {
@@ -77,6 +96,7 @@ func (c *checkpointer) run() {
 	if c.ran != nil {
 		c.ran(logPages, moved, err)
 	}
+	return err != nil || moved >= logPages
 }
 
 // close stops the loop and closes its connection.

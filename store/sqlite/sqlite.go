@@ -31,9 +31,11 @@
 // A goroutine with a connection of its own copies the write-ahead log back
 // into the database file (a PASSIVE checkpoint, which blocks neither the
 // writer nor the readers) after commits, at most once every
-// Options.CheckpointInterval, so no COMMIT waits for a checkpoint. Should
-// it fall behind, the COMMIT that makes the log Options.MaxWALPages long
-// checkpoints itself, as SQLite does by default at 1,000 pages.
+// Options.CheckpointInterval, so a COMMIT seldom waits for one. The
+// COMMIT that makes the log Options.MaxWALPages long still checkpoints
+// itself, as SQLite does by default at 1,000 pages, so that the log is
+// started again from its beginning and stays bounded; it finds most pages
+// copied already.
 //
 // # What cancels what
 //
@@ -111,9 +113,12 @@ type Options struct {
 	// background checkpoints, SQLite checkpoints inside the COMMIT that
 	// makes the log 1,000 pages long, its own default).
 	CheckpointInterval time.Duration
-	// MaxWALPages bounds the write-ahead log when background checkpoints
-	// fall behind: a COMMIT that makes the log this many pages long
-	// checkpoints itself (default 10,000 pages, 40 MB of 4 KiB pages).
+	// MaxWALPages bounds the write-ahead log: a COMMIT that makes the log
+	// this many pages long checkpoints itself (default 2,000 pages, 8 MB
+	// of 4 KiB pages). Under a steady stream of commits the background
+	// checkpoints rarely copy the whole log between two of them, and only
+	// a whole copy lets the next write start the log from its beginning;
+	// the writer's own checkpoint does, and finds most pages copied.
 	MaxWALPages int
 	// Clock times the batches, the stall watchdog and the background
 	// checkpoints (default: the real clock).
@@ -143,7 +148,7 @@ func (o Options) withDefaults() Options {
 		o.CheckpointInterval = 100 * time.Millisecond
 	}
 	if o.MaxWALPages <= 0 {
-		o.MaxWALPages = 10000
+		o.MaxWALPages = 2000
 	}
 	if o.Clock == nil {
 		o.Clock = clockwork.NewRealClock()
