@@ -79,7 +79,7 @@ func walPages(t *testing.T, path string) int {
 // interval, and it moves the whole log.
 func TestBackgroundCheckpoint(t *testing.T) {
 	ctx := context.Background()
-	db, clock, runs, path := openCheckpointed(t, 0)
+	db, clock, runs, path := openCheckpointed(t, 10000)
 	createRows(t, db)
 	<-runs // the first commit's checkpoint
 	// The checkpointer now waits out its interval on the fake clock: the
