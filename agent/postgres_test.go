@@ -18,6 +18,7 @@ func TestOnPostgres(t *testing.T) {
 		"ScheduleDueWhileStoppedFiresOnceOnRestart": TestScheduleDueWhileStoppedFiresOnceOnRestart,
 		"GateNoLostUpdates":                         TestGateNoLostUpdates,
 		"MigrateOncePerRuntime":                     TestMigrateOncePerRuntime,
+		"WakeShardsReadsOnlyTheirReasons":           TestWakeShardsReadsOnlyTheirReasons,
 	} {
 		t.Run(name, test)
 	}
