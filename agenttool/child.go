@@ -324,7 +324,7 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 				return err
 			}
 			_, observed := f.parent.a.(FinishObserver)
-			won, marks, err := writeTerminalTx(ctx, tx, f.parent.iid, cr.runID,
+			won, marks, err := writeTerminalTx(ctx, tx, f.parent, cr.runID,
 				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli(), observed)
 			h.mu.Lock()
 			f.won, f.marks = won, marks

@@ -227,10 +227,8 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 		if stale, err = h.queryRuns(ctx, tx, `AND detached = 0 AND status IN ('starting', 'running')`); err != nil {
 			return fmt.Errorf("list runs to recover: %w", err)
 		}
-		if observed {
-			if undelivered, err = h.queryRuns(ctx, tx, undeliveredAwaited); err != nil {
-				return fmt.Errorf("list undelivered runs: %w", err)
-			}
+		if undelivered, err = h.queryRuns(ctx, tx, undeliveredAwaited); err != nil {
+			return fmt.Errorf("list undelivered runs: %w", err)
 		}
 		if detached, err = h.queryRuns(ctx, tx, undeliveredDetached); err != nil {
 			return fmt.Errorf("list detached runs: %w", err)
@@ -244,6 +242,14 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 		return fmt.Errorf("agenttool: %w", err)
 	}
 	h.stale = stale
+	if !observed && len(undelivered) > 0 {
+		// Ends recorded for a hook the class no longer has: delivered,
+		// to no one (their wake reasons go with them).
+		if err := h.markDelivered(ctx, undelivered); err != nil {
+			h.b.Logger().Warn("agenttool: start", "err", err) // again at the next start
+		}
+		undelivered = nil
+	}
 	h.undelivered = undelivered
 	h.startDetached, h.startListed = detached, true
 	return h.resumeChildRuns(ctx, executing)

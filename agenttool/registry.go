@@ -275,7 +275,7 @@ func (h *host) writeTerminal(ctx context.Context, row runRow, res Result, mark i
 		if n := len(late); n > 0 {
 			mark = late[n-1].seq + 1
 		}
-		won, marks, err = writeTerminalTx(ctx, tx, h.iid, row.RunID, res, mark, now, observed)
+		won, marks, err = writeTerminalTx(ctx, tx, h, row.RunID, res, mark, now, observed)
 		return err
 	})
 	if err != nil {
@@ -310,11 +310,15 @@ func storedStreamFrom(ctx context.Context, tx store.Tx, child, runID string, seq
 }
 
 // writeTerminalTx is writeTerminal's writes in tx, on the registry of the
-// parent instance iid (the fused end of a child writes it). For an awaited
-// run it also opens the end's delivery (finish_delivered_at): pending when
-// the parent has a FinishObserver to tell (observed), delivered at once
-// when it has none.
-func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, res Result, mark int, now int64, observed bool) (won bool, marks []int, err error) {
+// parent p (the fused end of a child writes it). For an awaited run it
+// also opens the end's delivery (finish_delivered_at): pending when the
+// parent has a FinishObserver to tell (observed), delivered at once when
+// it has none. A pending delivery is a wake reason of the parent of its
+// own (finishWakeReason), so that the end is delivered as soon as the
+// parent's node (this one after a restart, or the one that takes its
+// shard over) starts, even when nothing else of the parent is unfinished.
+func writeTerminalTx(ctx context.Context, tx store.Tx, p *host, runID string, res Result, mark int, now int64, observed bool) (won bool, marks []int, err error) {
+	iid := p.iid
 	err = func() error {
 		var raw sql.NullString
 		var detached int
@@ -357,7 +361,10 @@ func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, 
 		}
 		n, err := r.RowsAffected()
 		won = n == 1
-		return err
+		if err != nil || !won || detached != 0 || !observed {
+			return err
+		}
+		return p.b.KeepAwakeTx(ctx, tx, finishWakeReason(runID))
 	}()
 	return won, marks, err
 }
