@@ -325,7 +325,7 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 			}
 			_, observed := f.parent.a.(FinishObserver)
 			won, marks, err := writeTerminalTx(ctx, tx, f.parent, cr.runID,
-				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli(), observed)
+				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli(), observed, false)
 			h.mu.Lock()
 			f.won, f.marks = won, marks
 			h.mu.Unlock()
