@@ -1649,7 +1649,6 @@ func TestRecoveryEndsARunItCouldNotInspectInTimeOnce(t *testing.T) {
 	}
 }
 
-
 // TestRecoveryCollectsARunPastItsDeadline: a run that the classification
 // pass reaches only past its 5 s deadline (the inspections before it
 // hung) is not ended for that: it is classified after the pass, and a
