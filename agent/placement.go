@@ -48,6 +48,15 @@ type Sharder interface {
 	Owned() []int
 }
 
+// RemoteForgetter is an optional part of a Placement: Destroy tells it
+// the destroyed descendants that other nodes own, so that those nodes drop
+// the ones they hold in memory (ForgetDestroyed there). Their rows are
+// gone already; a node that is not reached drops them when it loses
+// them, or when they are evicted.
+type RemoteForgetter interface {
+	ForgetRemote(ctx context.Context, paths []Path) error
+}
+
 // RemoteGate is an optional part of a Placement: it asks the node that
 // owns a parent whether a client may reach its sub-agent at path (the
 // parent's OnBeforeSubAgent and its layers' gates), when the parent is not
@@ -184,6 +193,41 @@ func (rt *Runtime) Drop(match func(Path) bool) {
 	rt.forget(list, "lost")
 	for _, in := range list {
 		in.closeConns(1012, "agent moved to another node")
+	}
+}
+
+// ForgetDestroyed drops the resident instances at paths (and below them),
+// which another node destroyed (Destroy there deleted their rows): their
+// connections are closed with 1000 and work still running on them fails,
+// as after a Destroy here. Paths not in memory are skipped.
+func (rt *Runtime) ForgetDestroyed(paths []Path) {
+	gone := make(map[string]bool, len(paths))
+	for _, p := range paths {
+		gone[p.String()] = true
+	}
+	list := rt.residentMatching(func(p Path) bool {
+		for n := len(p); n > 0; n-- {
+			if gone[p[:n].String()] {
+				return true
+			}
+		}
+		return false
+	})
+	rt.forgetDestroyed(list)
+}
+
+// forgetDestroyed forgets destroyed instances and closes their connections.
+func (rt *Runtime) forgetDestroyed(list []*instance) {
+	rt.mu.Lock()
+	for _, in := range list {
+		rt.forgetLocked(in)
+	}
+	rt.mu.Unlock()
+	for _, in := range list {
+		in.mu.Lock()
+		in.destroyed = true
+		in.mu.Unlock()
+		in.closeConns(1000, "agent destroyed")
 	}
 }
 

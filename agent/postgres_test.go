@@ -19,6 +19,7 @@ func TestOnPostgres(t *testing.T) {
 		"GateNoLostUpdates":                         TestGateNoLostUpdates,
 		"MigrateOncePerRuntime":                     TestMigrateOncePerRuntime,
 		"WakeShardsReadsOnlyTheirReasons":           TestWakeShardsReadsOnlyTheirReasons,
+		"DestroyDropsDescendantsOnOtherNodes":       TestDestroyDropsDescendantsOnOtherNodes,
 	} {
 		t.Run(name, test)
 	}
