@@ -261,4 +261,3 @@ func (rt *Runtime) descendantsElsewhere(ctx context.Context, tx store.Tx, id int
 	}
 	return out, rows.Err()
 }
-
