@@ -83,8 +83,11 @@ type StartObserver interface {
 
 // FinishObserver is told when a run reaches a terminal state (the seed's
 // onAgentToolFinish), including cancel and clear of a run in flight: once
-// per recorded end (an interrupted run that a later real result replaces
-// has two).
+// per recorded end. A run ends once, with what its child did, also when
+// the parent's recovery finds it in flight (docs/concurrency.md, "A run
+// ends once"); only a run given up after the parent waited a whole budget
+// (interrupted: no-progress, window-exceeded, inspect-failed) and repaired
+// by a later re-dispatch of its id has two.
 //
 // The delivery of an awaited run's end is durable, in the parent's
 // registry row: a crash (or the loss of the parent's node) after the end

@@ -13,7 +13,10 @@ import (
 // Recovery budgets.
 const (
 	// DefaultReattachNoProgressTimeout is how long a re-attached parent
-	// waits for the next chunk of a child before it gives up (no-progress).
+	// waits for the next chunk of a child before it gives up (no-progress),
+	// and how long a recovery waits for the inspection of a run it could
+	// not classify in time before it ends the run interrupted
+	// (inspect-timeout, recovery-deadline).
 	DefaultReattachNoProgressTimeout = 2 * time.Minute
 	// recoveryInspectTimeout bounds one child inspection during recovery.
 	recoveryInspectTimeout = 2 * time.Second
