@@ -12,9 +12,6 @@ import (
 	"github.com/agentry/agentry/store"
 )
 
-// undeliveredAwaited selects the awaited runs whose end is recorded but not
-// yet delivered to the parent's OnAgentToolFinish.
-const undeliveredAwaited = `AND detached = 0 AND finish_delivered_at IS NULL AND status IN ('completed', 'error', 'aborted', 'interrupted')`
 
 // finishWakeReason is the wake reason (agent.Base.KeepAwake) of a parent
 // with the recorded, undelivered end of awaited run runID: written with

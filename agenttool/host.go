@@ -227,11 +227,18 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	_, observed := h.a.(FinishObserver)
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
-		if stale, err = h.queryRuns(ctx, tx, `AND detached = 0 AND status IN ('starting', 'running')`); err != nil {
+		// One statement: the awaited runs in flight, and those whose end
+		// is not delivered (in flight, a run's is not delivered either).
+		awaited, err := h.queryRuns(ctx, tx, `AND detached = 0 AND (status IN ('starting', 'running') OR finish_delivered_at IS NULL)`)
+		if err != nil {
 			return fmt.Errorf("list runs to recover: %w", err)
 		}
-		if undelivered, err = h.queryRuns(ctx, tx, undeliveredAwaited); err != nil {
-			return fmt.Errorf("list undelivered runs: %w", err)
+		for _, r := range awaited {
+			if r.Status.Active() {
+				stale = append(stale, r)
+			} else {
+				undelivered = append(undelivered, r)
+			}
 		}
 		if detached, err = h.queryRuns(ctx, tx, undeliveredDetached); err != nil {
 			return fmt.Errorf("list detached runs: %w", err)
