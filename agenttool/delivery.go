@@ -12,7 +12,6 @@ import (
 	"github.com/agentry/agentry/store"
 )
 
-
 // finishWakeReason is the wake reason (agent.Base.KeepAwake) of a parent
 // with the recorded, undelivered end of awaited run runID: written with
 // the end (writeTerminalTx), deleted with its delivery mark
