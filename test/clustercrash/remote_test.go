@@ -522,6 +522,41 @@ func TestRemoteClearDropsDescendantsOnOtherNodes(t *testing.T) {
 	}
 }
 
+// TestRemoteUndeliveredEndDeliveredOnTakeover kills the parent's node
+// after a run's end was recorded and before its finish hook ran there: the
+// node that takes the parent's shard over delivers the end at once, from
+// the end's own wake reason, though no client uses the parent and nothing
+// else of it is unfinished; the hook runs once (the killed node's never
+// wrote). (The end waited for the parent's next use.)
+func TestRemoteUndeliveredEndDeliveredOnTakeover(t *testing.T) {
+	e := newEnv(t)
+	a, b, _ := e.three()
+	name := e.fanName("a")
+	run := e.tagOn(name, "Worker", "hold-a-", "b") + "-0"
+	go func() {
+		var res map[string]any
+		_ = get(t, a.Host, "/agents/fan/"+name+"/run?class=Worker&id="+run, &res) // cut by the kill
+	}()
+	e.until(60*time.Second, "the run's end recorded, not delivered", func() bool {
+		return e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id = $1 AND status = 'completed' AND finish_delivered_at IS NULL`, run) == 1
+	})
+	if n := e.count(`SELECT count(*) FROM instance_wake WHERE reason = $1`, "agent-tool-finish:"+run); n != 1 {
+		t.Fatalf("%d wake reasons for the undelivered end, want 1", n)
+	}
+	_ = e.nodes["a"].Kill()
+	delete(e.nodes, "a")
+	e.until(60*time.Second, "the end delivered by the node that took the parent over", func() bool {
+		return e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id = $1 AND finish_delivered_at IS NOT NULL`, run) == 1
+	})
+	if n := e.count(`SELECT count(*) FROM instance_wake WHERE reason = $1`, "agent-tool-finish:"+run); n != 0 {
+		t.Errorf("%d wake reasons after the delivery, want 0", n)
+	}
+	var fin map[string]int
+	if err := get(t, b.Host, "/agents/fan/"+name+"/finishes", &fin); err != nil || fin["runs"] != 1 || fin["repeated"] != 0 || fin["status:completed"] != 1 {
+		t.Errorf("finish ledger %v (%v), want the run completed once", fin, err)
+	}
+}
+
 // TestRemoteHintsWakeFollowers polls only once an hour: a fan-out over
 // three nodes completes because the children's nodes notify the parent's
 // (LISTEN/NOTIFY), also across a loss of every listening connection

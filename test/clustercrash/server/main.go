@@ -157,8 +157,14 @@ func (p *Prog) OnChatMessage(ctx context.Context, t *chat.Turn) error {
 	return t.WriteText("finished the work")
 }
 
-// OnAgentToolFinish counts the finish of a run.
+// OnAgentToolFinish counts the finish of a run. On node n the hook of a
+// run named hold-n-… waits until the node stops (the test kills it), so
+// the run's end is recorded and not delivered there.
 func (f *Fan) OnAgentToolFinish(ctx context.Context, run agenttool.Run, res agenttool.Result) {
+	if strings.HasPrefix(run.RunID, "hold-"+f.node+"-") {
+		<-ctx.Done()
+		return
+	}
 	err := f.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`INSERT INTO {fan_finishes} (run_id, n, status, history) VALUES (?, 1, ?, ?)
 			ON CONFLICT (run_id) DO UPDATE SET n = {fan_finishes}.n + 1, status = excluded.status,
