@@ -462,8 +462,7 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 			// nothing per turn.
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO instance_wake (instance_id, reason) VALUES (?, ?)
-			ON CONFLICT (instance_id, reason) DO NOTHING`, c.iid, wakeReason); err != nil {
+		if err := c.b.KeepAwakeTx(ctx, tx, wakeReason); err != nil {
 			return err
 		}
 		if req.continuation {

@@ -4,9 +4,10 @@
 // chunks with a delay), and records every OnAgentToolFinish in its own
 // table (fan_finishes: run id → how often it fired) so the tests can check
 // that each fired exactly once. A Prog child reports progress and
-// milestones; the Fan's other operations (serveRemoteOps) dispatch
-// detached runs, cancel, clear and read its ledgers, and its
-// OnBeforeSubAgent gates drill-in (?drill=yes).
+// milestones, and a Nester child runs a Worker of its own. The Fan's
+// other operations (serveRemoteOps) dispatch detached runs, cancel, clear
+// and read its ledgers, and its OnBeforeSubAgent gates drill-in
+// (?drill=yes).
 //
 //	server -addr 127.0.0.1:0 -postgres URL -node-id a -lease 2s -delay 20ms
 package main
@@ -110,6 +111,21 @@ func (f *Fan) OnBeforeSubAgent(ctx context.Context, r *http.Request, class, name
 	return &agent.HTTPError{Status: http.StatusForbidden, Message: "drill-in refused by the parent"}
 }
 
+// Nester is a child that runs a Worker of its own (run id "g-" and its
+// own name) before it answers: a tree three deep.
+type Nester struct {
+	chat.Base
+}
+
+// OnChatMessage runs the grandchild and answers with its summary.
+func (n *Nester) OnChatMessage(ctx context.Context, t *chat.Turn) error {
+	res, err := agenttool.RunAgentTool(ctx, n, "Worker", agenttool.RunOptions{RunID: "g-" + n.Name(), Input: "work"})
+	if err != nil {
+		return err
+	}
+	return t.WriteText("nested: " + res.Summary)
+}
+
 // Prog is a child that reports progress and milestones while it works:
 // progress 0.25, milestone "half", progress 0.5, milestone "most",
 // progress 1, each step a pause apart, then its answer.
@@ -142,8 +158,14 @@ func (p *Prog) OnChatMessage(ctx context.Context, t *chat.Turn) error {
 	return t.WriteText("finished the work")
 }
 
-// OnAgentToolFinish counts the finish of a run.
+// OnAgentToolFinish counts the finish of a run. On node n the hook of a
+// run named hold-n-… waits until the node stops (the test kills it), so
+// the run's end is recorded and not delivered there.
 func (f *Fan) OnAgentToolFinish(ctx context.Context, run agenttool.Run, res agenttool.Result) {
+	if strings.HasPrefix(run.RunID, "hold-"+f.node+"-") {
+		<-ctx.Done()
+		return
+	}
 	err := f.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`INSERT INTO {fan_finishes} (run_id, n, status, history) VALUES (?, 1, ?, ?)
 			ON CONFLICT (run_id) DO UPDATE SET n = {fan_finishes}.n + 1, status = excluded.status,
@@ -370,6 +392,7 @@ func main() {
 		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
 		rt.MustRegister(agent.Class{Name: "Prog", New: func() agent.Agent { return &Prog{step: *step} }})
+		rt.MustRegister(agent.Class{Name: "Nester", New: func() agent.Agent { return &Nester{} }})
 		rt.MustRegister(tickerClass(*nodeID))
 		// debug/resident?path= says whether this node holds the instance
 		// in memory.
