@@ -170,22 +170,13 @@ func (rt *Runtime) Destroy(ctx context.Context, path Path) error {
 	key := path.String()
 	// Forget the in-memory instances of the subtree first, so no new work
 	// lands on them.
-	var gone []*instance
-	rt.mu.Lock()
-	for _, in := range rt.instances {
-		if in.path.HasPrefix(path) {
-			rt.forgetLocked(in)
-			gone = append(gone, in)
-		}
-	}
-	rt.mu.Unlock()
-	for _, in := range gone {
-		in.mu.Lock()
-		in.destroyed = true
-		in.mu.Unlock()
-		in.closeConns(1000, "agent destroyed")
-	}
+	rt.forgetDestroyed(rt.residentMatching(func(p Path) bool { return p.HasPrefix(path) }))
+	// In a cluster, descendants may be resident on other nodes: they are
+	// listed with the rows and told to forget them once those are gone.
+	forgetter, _ := rt.place.(RemoteForgetter)
+	var elsewhere []Path
 	err := rt.dbFor(path).Update(ctx, func(tx store.Tx) error {
+		elsewhere = elsewhere[:0]
 		var id int64
 		err := tx.QueryRow(ctx, `SELECT id FROM instances WHERE path = ?`, key).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -224,13 +215,49 @@ func (rt *Runtime) Destroy(ctx context.Context, path Path) error {
 				return err
 			}
 		}
+		if forgetter != nil {
+			if elsewhere, err = rt.descendantsElsewhere(ctx, tx, id); err != nil {
+				return err
+			}
+		}
 		_, err = tx.Exec(ctx, `DELETE FROM instances WHERE id = ?`, id)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("agent: destroy %s: %w", key, err)
 	}
+	if len(elsewhere) > 0 {
+		if err := forgetter.ForgetRemote(ctx, elsewhere); err != nil {
+			// The rows are gone; those nodes drop the instances when they
+			// lose them or evict them.
+			rt.log.Warn("agent: destroy: tell other nodes to forget", "agent", key, "instances", len(elsewhere), "err", err)
+		}
+	}
 	rt.sched.poke()
 	rt.diag.Publish(ctx, diag.ChannelAgent, "destroy", key, nil)
 	return nil
+}
+
+// descendantsElsewhere lists the descendants of instance id that another
+// node owns (in tx, before they are deleted).
+func (rt *Runtime) descendantsElsewhere(ctx context.Context, tx store.Tx, id int64) ([]Path, error) {
+	rows, err := tx.Query(ctx, `WITH RECURSIVE sub(id) AS (
+			SELECT id FROM instances WHERE parent_id = ?
+			UNION ALL SELECT i.id FROM instances i JOIN sub ON i.parent_id = sub.id)
+		SELECT i.path FROM instances i JOIN sub ON i.id = sub.id`, id)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Path
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		if p, err := ParsePath(k); err == nil && !rt.Owns(p) {
+			out = append(out, p)
+		}
+	}
+	return out, rows.Err()
 }

@@ -30,6 +30,8 @@ type instance struct {
 	// epoch is the lease epoch this hydration was made under
 	// (Placement.Epoch); its writes are fenced with it.
 	epoch int64
+	// shard is stored with the instance's wake reasons (Runtime.wakeShardOf).
+	shard any
 
 	// busy, lastActive, gone and the idle list links are guarded by rt.mu.
 	busy       int
@@ -51,7 +53,7 @@ func newInstance(rt *Runtime, path Path, ci *classInfo) *instance {
 	return &instance{
 		rt: rt, path: append(Path(nil), path...), key: path.String(), class: ci,
 		gate: make(gate, 1), ready: make(chan struct{}), conns: map[*Conn]struct{}{},
-		lastActive: rt.clock.Now(),
+		lastActive: rt.clock.Now(), shard: rt.wakeShardOf(path),
 	}
 }
 

@@ -35,6 +35,28 @@ type Placement interface {
 	Fence(ctx context.Context, tx store.Tx, path Path, epoch int64) error
 }
 
+// Sharder is an optional part of a Placement that groups instances into
+// shards (package cluster's leases). The runtime stores each wake reason
+// (Base.KeepAwake) with its instance's shard, so that waking the shards a
+// node acquires (Runtime.WakeShards) reads only their reasons, not the
+// whole cluster's.
+type Sharder interface {
+	// ShardOf returns the shard of the instance at path. It must not
+	// change for the life of the database.
+	ShardOf(path Path) int
+	// Owned returns the shards this node serves now.
+	Owned() []int
+}
+
+// RemoteForgetter is an optional part of a Placement: Destroy tells it
+// the destroyed descendants that other nodes own, so that those nodes drop
+// the ones they hold in memory (ForgetDestroyed there). Their rows are
+// gone already; a node that is not reached drops them when it loses
+// them, or when they are evicted.
+type RemoteForgetter interface {
+	ForgetRemote(ctx context.Context, paths []Path) error
+}
+
 // RemoteGate is an optional part of a Placement: it asks the node that
 // owns a parent whether a client may reach its sub-agent at path (the
 // parent's OnBeforeSubAgent and its layers' gates), when the parent is not
@@ -117,10 +139,25 @@ func (rt *Runtime) Owns(path Path) bool { return rt.place == nil || rt.place.Own
 func (rt *Runtime) Placement() Placement { return rt.place }
 
 // Wake hydrates every instance with unfinished work (a KeepAwake reason)
-// that match selects and this runtime owns, as Start does for all of them
-// (a cluster node calls it for the shards it acquires).
+// that match selects and this runtime owns, as Start does for all of them.
+// It reads every wake reason of the database; a cluster node wakes the
+// shards it acquires with WakeShards, which reads only theirs.
 func (rt *Runtime) Wake(ctx context.Context, match func(Path) bool) error {
 	err := rt.wakeMatching(ctx, match)
+	rt.sched.poke()
+	return err
+}
+
+// WakeShards hydrates every instance with unfinished work on the given
+// shards that this runtime owns (a cluster node calls it for the shards it
+// acquires). It reads only those shards' wake reasons (and the reasons
+// stored without a shard, which it files under theirs). The runtime's
+// placement must be a Sharder.
+func (rt *Runtime) WakeShards(ctx context.Context, shards []int) error {
+	if _, ok := rt.place.(Sharder); !ok {
+		return errors.New("agent: WakeShards needs a placement that is a Sharder")
+	}
+	err := rt.wakeShards(ctx, shards)
 	rt.sched.poke()
 	return err
 }
@@ -156,6 +193,41 @@ func (rt *Runtime) Drop(match func(Path) bool) {
 	rt.forget(list, "lost")
 	for _, in := range list {
 		in.closeConns(1012, "agent moved to another node")
+	}
+}
+
+// ForgetDestroyed drops the resident instances at paths (and below them),
+// which another node destroyed (Destroy there deleted their rows): their
+// connections are closed with 1000 and work still running on them fails,
+// as after a Destroy here. Paths not in memory are skipped.
+func (rt *Runtime) ForgetDestroyed(paths []Path) {
+	gone := make(map[string]bool, len(paths))
+	for _, p := range paths {
+		gone[p.String()] = true
+	}
+	list := rt.residentMatching(func(p Path) bool {
+		for n := len(p); n > 0; n-- {
+			if gone[p[:n].String()] {
+				return true
+			}
+		}
+		return false
+	})
+	rt.forgetDestroyed(list)
+}
+
+// forgetDestroyed forgets destroyed instances and closes their connections.
+func (rt *Runtime) forgetDestroyed(list []*instance) {
+	rt.mu.Lock()
+	for _, in := range list {
+		rt.forgetLocked(in)
+	}
+	rt.mu.Unlock()
+	for _, in := range list {
+		in.mu.Lock()
+		in.destroyed = true
+		in.mu.Unlock()
+		in.closeConns(1000, "agent destroyed")
 	}
 }
 

@@ -18,6 +18,8 @@ func TestOnPostgres(t *testing.T) {
 		"ScheduleDueWhileStoppedFiresOnceOnRestart": TestScheduleDueWhileStoppedFiresOnceOnRestart,
 		"GateNoLostUpdates":                         TestGateNoLostUpdates,
 		"MigrateOncePerRuntime":                     TestMigrateOncePerRuntime,
+		"WakeShardsReadsOnlyTheirReasons":           TestWakeShardsReadsOnlyTheirReasons,
+		"DestroyDropsDescendantsOnOtherNodes":       TestDestroyDropsDescendantsOnOtherNodes,
 	} {
 		t.Run(name, test)
 	}

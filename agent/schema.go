@@ -46,4 +46,14 @@ var migrations = []store.Migration{{
 			reason TEXT NOT NULL,
 			PRIMARY KEY (instance_id, reason))`,
 	},
+}, {
+	// A wake reason carries its instance's shard (Sharder), so that a
+	// node that acquires shards reads only their reasons. Rows written
+	// before (and on a runtime without a Sharder) have none: the first
+	// wake of a Sharder's runtime fills it in (wake.go).
+	Version: 3,
+	Statements: []string{
+		`ALTER TABLE instance_wake ADD COLUMN shard INTEGER`,
+		`CREATE INDEX IF NOT EXISTS instance_wake_shard ON instance_wake(shard)`,
+	},
 }}

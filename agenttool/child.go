@@ -324,8 +324,8 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 				return err
 			}
 			_, observed := f.parent.a.(FinishObserver)
-			won, marks, err := writeTerminalTx(ctx, tx, f.parent.iid, cr.runID,
-				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli(), observed)
+			won, marks, err := writeTerminalTx(ctx, tx, f.parent, cr.runID,
+				Result{Status: StatusCompleted, Summary: end.summary, Usage: treeUsage(res)}, next, now.UnixMilli(), observed, false)
 			h.mu.Lock()
 			f.won, f.marks = won, marks
 			h.mu.Unlock()

@@ -12,9 +12,25 @@ import (
 	"github.com/agentry/agentry/store"
 )
 
-// undeliveredAwaited selects the awaited runs whose end is recorded but not
-// yet delivered to the parent's OnAgentToolFinish.
-const undeliveredAwaited = `AND detached = 0 AND finish_delivered_at IS NULL AND status IN ('completed', 'error', 'aborted', 'interrupted')`
+// finishWakeReason is the wake reason (agent.Base.KeepAwake) of a parent
+// with the recorded, undelivered end of awaited run runID: written with
+// the end (writeTerminalTx), deleted with its delivery mark
+// (clearFinishWakeTx). Each end has its own, so its delivery needs no
+// count of the others.
+func finishWakeReason(runID string) string { return finishWakePrefix + runID }
+
+// finishWakePrefix starts every finishWakeReason.
+const finishWakePrefix = "agent-tool-finish:"
+
+// clearFinishWakeTx deletes the wake reason of run runID's undelivered end
+// in tx, which marks the end delivered.
+func (h *host) clearFinishWakeTx(ctx context.Context, tx store.Tx, runID string) error {
+	_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?`, h.iid, finishWakeReason(runID))
+	if err != nil {
+		return fmt.Errorf("agenttool: clear the wake reason of %s: %w", runID, err)
+	}
+	return nil
+}
 
 // errDelivered refuses a transaction of a finish hook whose end another
 // delivery recorded first.
@@ -65,6 +81,9 @@ func (d *finishDelivery) fence(ctx context.Context, tx store.Tx) error {
 		if err == nil {
 			err = fmt.Errorf("%w: %s", errDelivered, d.runID)
 		}
+		return err
+	}
+	if err := d.h.clearFinishWakeTx(ctx, tx, d.runID); err != nil {
 		return err
 	}
 	d.mu.Lock()
@@ -202,10 +221,17 @@ func (h *host) restoreMarks(ms []pendingMark) {
 // writeMarksTx records delivery marks in tx.
 func (h *host) writeMarksTx(ctx context.Context, tx store.Tx, ms []pendingMark) error {
 	for _, m := range ms {
-		if _, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET finish_delivered_at = ?
+		r, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET finish_delivered_at = ?
 			WHERE instance_id = ? AND run_id = ? AND terminal_marks = ? AND finish_delivered_at IS NULL`,
-			m.stamp, h.iid, m.runID, m.marks); err != nil {
+			m.stamp, h.iid, m.runID, m.marks)
+		if err != nil {
 			return fmt.Errorf("agenttool: mark the end of %s delivered: %w", m.runID, err)
+		}
+		if n, err := r.RowsAffected(); err != nil || n != 1 {
+			continue // a later end of the run is pending: its reason stays
+		}
+		if err := h.clearFinishWakeTx(ctx, tx, m.runID); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -219,4 +245,25 @@ func (h *host) redeliverFinishes(ctx context.Context, rows []runRow) {
 		h.deliverFinish(ctx, row.Run, row.Result(), row.marks)
 		h.publish(ctx, "recovery:redelivered", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "status": string(row.Status)})
 	}
+}
+
+// markDelivered records the ends of rows delivered without a hook to tell.
+func (h *host) markDelivered(ctx context.Context, rows []runRow) error {
+	now := h.rt.Clock().Now().UnixMilli()
+	err := h.b.DB().Update(ctx, func(tx store.Tx) error {
+		for _, row := range rows {
+			if _, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET finish_delivered_at = ?
+				WHERE instance_id = ? AND run_id = ? AND finish_delivered_at IS NULL`, now, h.iid, row.RunID); err != nil {
+				return err
+			}
+			if err := h.clearFinishWakeTx(ctx, tx, row.RunID); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("agenttool: mark ends delivered: %w", err)
+	}
+	return nil
 }

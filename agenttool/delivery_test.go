@@ -281,3 +281,71 @@ func TestFinishDeliveryRefusedWhenDeliveredMeanwhile(t *testing.T) {
 	}
 	e.Close()
 }
+
+// TestUndeliveredEndWakesItsParent: an end recorded but not delivered is a
+// wake reason of its parent of its own, so a restart delivers it at once,
+// though nothing else of the parent is unfinished and no client uses it;
+// the delivery clears the reason (a later start wakes nothing), and the
+// hook's write happens once.
+func TestUndeliveredEndWakesItsParent(t *testing.T) {
+	k := newDelKit()
+	e1 := delStart(t, k, "")
+	k.mu.Lock()
+	k.failWrite["failed"] = true
+	k.mu.Unlock()
+	e1.run(t, "failed") // the hook's write failed at its commit: undelivered
+	e1.run(t, "written")
+	if e1.delivered(t, "failed") || !e1.delivered(t, "written") {
+		t.Fatal("want failed undelivered and written delivered")
+	}
+	if n := e1.finishWakes(t); n != 1 {
+		t.Fatalf("%d finish wake reasons, want 1 (failed's)", n)
+	}
+	e1.Close()
+
+	// The parent is not used: its start comes from its wake reason.
+	e2 := delStart(t, k, e1.Dir)
+	e2.ev.waitCount(t, testCtx(t), func() string { return "the delivery of failed" }, 1, func(ev diag.Event) bool {
+		return ev.Type == "recovery:redelivered" && ev.Attrs["runId"] == "failed"
+	})
+	if !e2.delivered(t, "failed") {
+		t.Fatal("the redelivered end is not recorded delivered")
+	}
+	if n := e2.finishWakes(t); n != 0 {
+		t.Fatalf("%d finish wake reasons after the delivery, want 0", n)
+	}
+	if got := e2.ledger(t); got["failed"] != "completed" || got["written"] != "completed" || len(got) != 2 {
+		t.Fatalf("ledger %v", got)
+	}
+	if n := len(k.callsOf("failed")); n != 2 {
+		t.Fatalf("hook of failed called %d times, want 2 (the failed write, the delivery)", n)
+	}
+	e2.Close()
+
+	e3 := delStart(t, k, e1.Dir)
+	woken := 0
+	err := e3.DB.View(testCtx(t), func(tx store.Tx) error {
+		return tx.QueryRow(testCtx(t), `SELECT COUNT(*) FROM instance_wake`).Scan(&woken)
+	})
+	if err != nil || woken != 0 {
+		t.Fatalf("%d wake reasons after everything was delivered (%v)", woken, err)
+	}
+	e3.Close()
+	if n := len(k.callsOf("failed")); n != 2 {
+		t.Fatalf("hook of failed called %d times, want 2", n)
+	}
+}
+
+// finishWakes counts the finish wake reasons in the database.
+func (e *delEnv) finishWakes(t *testing.T) int {
+	t.Helper()
+	var n int
+	ctx := testCtx(t)
+	err := e.DB.View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT COUNT(*) FROM instance_wake WHERE reason LIKE 'agent-tool-finish:%'`).Scan(&n)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -83,8 +83,11 @@ type StartObserver interface {
 
 // FinishObserver is told when a run reaches a terminal state (the seed's
 // onAgentToolFinish), including cancel and clear of a run in flight: once
-// per recorded end (an interrupted run that a later real result replaces
-// has two).
+// per recorded end. A run ends once, with what its child did, also when
+// the parent's recovery finds it in flight (docs/concurrency.md, "A run
+// ends once"); only a run given up after the parent waited a whole budget
+// (interrupted: no-progress, window-exceeded, inspect-failed) and repaired
+// by a later re-dispatch of its id has two.
 //
 // The delivery of an awaited run's end is durable, in the parent's
 // registry row: a crash (or the loss of the parent's node) after the end
@@ -224,12 +227,17 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 	_, observed := h.a.(FinishObserver)
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
 		var err error
-		if stale, err = h.queryRuns(ctx, tx, `AND detached = 0 AND status IN ('starting', 'running')`); err != nil {
+		// One statement: the awaited runs in flight, and those whose end
+		// is not delivered (in flight, a run's is not delivered either).
+		awaited, err := h.queryRuns(ctx, tx, `AND detached = 0 AND (status IN ('starting', 'running') OR finish_delivered_at IS NULL)`)
+		if err != nil {
 			return fmt.Errorf("list runs to recover: %w", err)
 		}
-		if observed {
-			if undelivered, err = h.queryRuns(ctx, tx, undeliveredAwaited); err != nil {
-				return fmt.Errorf("list undelivered runs: %w", err)
+		for _, r := range awaited {
+			if r.Status.Active() {
+				stale = append(stale, r)
+			} else {
+				undelivered = append(undelivered, r)
 			}
 		}
 		if detached, err = h.queryRuns(ctx, tx, undeliveredDetached); err != nil {
@@ -244,6 +252,14 @@ func (h *host) StartLayer(ctx context.Context, self agent.Agent) error {
 		return fmt.Errorf("agenttool: %w", err)
 	}
 	h.stale = stale
+	if !observed && len(undelivered) > 0 {
+		// Ends recorded for a hook the class no longer has: delivered,
+		// to no one (their wake reasons go with them).
+		if err := h.markDelivered(ctx, undelivered); err != nil {
+			h.b.Logger().Warn("agenttool: start", "err", err) // again at the next start
+		}
+		undelivered = nil
+	}
 	h.undelivered = undelivered
 	h.startDetached, h.startListed = detached, true
 	return h.resumeChildRuns(ctx, executing)

@@ -177,8 +177,10 @@ func ClearAgentToolRuns(ctx context.Context, parent agent.Agent, opts ClearOptio
 			h.b.Logger().Error("agenttool: clear: delete child", "run", r.RunID, "err", err)
 		}
 		err := h.b.DB().Update(ctx, func(tx store.Tx) error {
-			_, err := tx.Exec(ctx, `DELETE FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID)
-			return err
+			if _, err := tx.Exec(ctx, `DELETE FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID); err != nil {
+				return err
+			}
+			return h.clearFinishWakeTx(ctx, tx, r.RunID)
 		})
 		if err != nil {
 			return n, fmt.Errorf("agenttool: clear %s: %w", r.RunID, err)

@@ -25,6 +25,7 @@ func TestOnPostgres(t *testing.T) {
 		"ClearCancelsInFlight":              TestClearCancelsInFlight,
 		"FinishDeliveredOnceAcrossRestarts": TestFinishDeliveredOnceAcrossRestarts,
 		"FinishDeliveryRefused":             TestFinishDeliveryRefusedWhenDeliveredMeanwhile,
+		"UndeliveredEndWakesItsParent":      TestUndeliveredEndWakesItsParent,
 	} {
 		t.Run(name, test)
 	}

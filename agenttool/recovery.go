@@ -13,7 +13,10 @@ import (
 // Recovery budgets.
 const (
 	// DefaultReattachNoProgressTimeout is how long a re-attached parent
-	// waits for the next chunk of a child before it gives up (no-progress).
+	// waits for the next chunk of a child before it gives up (no-progress),
+	// and how long a recovery waits for the inspection of a run it could
+	// not classify in time before it ends the run interrupted
+	// (inspect-timeout, recovery-deadline).
 	DefaultReattachNoProgressTimeout = 2 * time.Minute
 	// recoveryInspectTimeout bounds one child inspection during recovery.
 	recoveryInspectTimeout = 2 * time.Second
@@ -99,24 +102,22 @@ const recoveryLookahead = 16
 
 // recover classifies each run within a deadline (each inspection with its
 // own timeout), finalizes the runs whose child finished without running
-// anything again, and re-attaches the others in parallel.
+// anything again, and re-attaches the others in parallel. A run it could
+// not classify in time (its inspection over its timeout, or past the
+// deadline) is not ended for that: it goes on being classified in the
+// background (deferred), so that it ends once, with what its child did.
 func (h *host) recover(ctx context.Context, rows []runRow) {
 	clock := h.rt.Clock()
 	start := clock.Now()
 	h.publish(ctx, "recovery:begin", map[string]any{"runCount": len(rows), "totalTimeoutMs": recoveryDeadline.Milliseconds()})
 	deadline := start.Add(recoveryDeadline)
-	type pending struct {
-		row   runRow
-		child agent.Agent
-		ch    *host
-		cr    *childRun
-	}
-	var reattach []pending
+	var reattach []pendingReattach
 	type waiting struct {
 		row     runRow
 		started chan struct{}
 	}
 	var unstarted []waiting
+	var deferred []deferredRow
 	// The classification is in order, each inspection within what is
 	// left of the deadline, as the reference's; but the inspections of the
 	// next recoveryLookahead rows (each wakes a child) already run, and a
@@ -147,7 +148,6 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 	}
 	var remote []remotePending
 	for i, row := range rows {
-		prefetch(i + 1 + recoveryLookahead)
 		h.mu.Lock()
 		_, live := h.live[row.RunID]
 		h.mu.Unlock()
@@ -172,15 +172,19 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		}
 		remaining := deadline.Sub(clock.Now())
 		if remaining <= 0 {
-			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonRecoveryDeadline,
-				Error: interruptedMessage(ReasonRecoveryDeadline)}, 0)
+			// Past the deadline: classified later, its inspection started
+			// then (at most recoveryLookahead at a time) unless it is.
+			h.publish(ctx, "recovery:deadline", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
+				"elapsedMs": clock.Since(start).Milliseconds()})
+			deferred = append(deferred, deferredRow{row: row, answer: answers[i], reason: ReasonRecoveryDeadline})
 			continue
 		}
+		prefetch(i + 1 + recoveryLookahead)
 		child, ch, insp, err := h.awaitInspection(ctx, answers[i], min(remaining, recoveryInspectTimeout))
 		switch {
 		case errors.Is(err, context.DeadlineExceeded):
-			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonInspectTimeout,
-				Error: interruptedMessage(ReasonInspectTimeout)}, 0)
+			// Still inspecting: its answer is waited for in the background.
+			deferred = append(deferred, deferredRow{row: row, answer: answers[i], reason: ReasonInspectTimeout})
 		case err != nil:
 			h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonInspectFailed,
 				Error: interruptedMessage(ReasonInspectFailed)}, 0)
@@ -193,18 +197,13 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			// (a recovered chat turn repeating its tool call) starts it;
 			// wait for that within the no-progress budget.
 			unstarted = append(unstarted, waiting{row, h.awaitStart(row.RunID)})
-		case insp.RequestID == "":
-			// Recorded but its turn never started: start it with the input
-			// it was recorded with, then follow it.
-			cr, _, err := ch.startChildRun(ctx, row.RunID, nil, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}, childStart{})
+		default:
+			p, err := h.pendingOf(ctx, row, child, ch, insp)
 			if err != nil {
 				h.recoveredRow(ctx, row, start, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 				continue
 			}
-			reattach = append(reattach, pending{row, child, ch, cr})
-		default:
-			cr := ch.track(row.RunID, insp.RequestID, false)
-			reattach = append(reattach, pending{row, child, ch, cr})
+			reattach = append(reattach, p)
 		}
 	}
 	collecting.Wait()
@@ -214,24 +213,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var timeout <-chan time.Time
-			if lim.noProgress > 0 {
-				t := clock.NewTimer(lim.noProgress)
-				defer t.Stop()
-				timeout = t.Chan()
-			}
-			select {
-			case <-w.started:
-				return // the re-dispatch follows it to its end
-			case <-timeout:
-			case <-ctx.Done():
-				return
-			}
-			h.mu.Lock()
-			delete(h.unstarted, w.row.RunID)
-			h.mu.Unlock()
-			h.recoveredRow(ctx, w.row, start, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
-				Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, 0)
+			h.awaitRedispatch(ctx, w.row, w.started, lim, start)
 		}()
 	}
 	for _, p := range remote {
@@ -268,43 +250,190 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		}()
 	}
 	for _, p := range reattach {
-		if p.row.Status == StatusStarting {
-			// The dispatch died after starting the child but before
-			// recording it running: the child has its turn now.
-			if err := h.markRunning(ctx, p.row.RunID); err != nil {
-				h.b.Logger().Error("agenttool: recover run", "run", p.row.RunID, "err", err)
-			} else {
-				p.row.Status = StatusRunning
-			}
-		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h.publish(ctx, "recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
-				"budgetMs": lim.noProgress.Milliseconds()})
-			var res Result
-			var err error
-			if lim.collectOnly {
-				release, ok := h.claimRun(ctx, p.row)
-				if !ok {
-					return // followed by a dispatch meanwhile
-				}
-				res, err = h.finish(ctx, p.row, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
-					Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, h.forwardStored(ctx, p.row, p.ch.runChunks(ctx, p.row.RunID)))
-				release()
-			} else {
-				res, err = h.await(ctx, p.row, p.child, p.cr, lim)
-			}
-			if err != nil {
-				return
-			}
-			h.publish(ctx, "recovery:row", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
-				"status": string(res.Status), "reason": string(res.Reason), "error": res.Error,
-				"elapsedMs": clock.Since(start).Milliseconds()})
+			h.reattachRecovered(ctx, p, lim, start)
+		}()
+	}
+	inspecting := make(chan struct{}, recoveryLookahead)
+	for _, d := range deferred {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.settleDeferred(ctx, d, inspecting, lim, start)
 		}()
 	}
 	wg.Wait()
 	h.publish(ctx, "recovery:complete", map[string]any{"runCount": len(rows), "elapsedMs": clock.Since(start).Milliseconds()})
+}
+
+// pendingReattach is a recovered run whose child still runs it, for the
+// recovery to follow.
+type pendingReattach struct {
+	row   runRow
+	child agent.Agent
+	ch    *host
+	cr    *childRun
+}
+
+// pendingOf returns the re-attach of a run whose child records it as
+// running (insp): a run recorded but whose turn never started is started
+// first, with the input it was recorded with.
+func (h *host) pendingOf(ctx context.Context, row runRow, child agent.Agent, ch *host, insp *Inspection) (pendingReattach, error) {
+	if insp.RequestID == "" {
+		cr, _, err := ch.startChildRun(ctx, row.RunID, nil, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}, childStart{})
+		if err != nil {
+			return pendingReattach{}, err
+		}
+		return pendingReattach{row, child, ch, cr}, nil
+	}
+	return pendingReattach{row, child, ch, ch.track(row.RunID, insp.RequestID, false)}, nil
+}
+
+// reattachRecovered follows a recovered run whose child still runs it to
+// its end, within the re-attach limits.
+func (h *host) reattachRecovered(ctx context.Context, p pendingReattach, lim reattachLimits, start time.Time) {
+	if p.row.Status == StatusStarting {
+		// The dispatch died after starting the child but before
+		// recording it running: the child has its turn now.
+		if err := h.markRunning(ctx, p.row.RunID); err != nil {
+			h.b.Logger().Error("agenttool: recover run", "run", p.row.RunID, "err", err)
+		} else {
+			p.row.Status = StatusRunning
+		}
+	}
+	h.publish(ctx, "recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
+		"budgetMs": lim.noProgress.Milliseconds()})
+	var res Result
+	var err error
+	if lim.collectOnly {
+		release, ok := h.claimRun(ctx, p.row)
+		if !ok {
+			return // followed by a dispatch meanwhile
+		}
+		p.row.inFlight = true
+		res, err = h.finish(ctx, p.row, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
+			Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, h.forwardStored(ctx, p.row, p.ch.runChunks(ctx, p.row.RunID)))
+		release()
+	} else {
+		res, err = h.await(ctx, p.row, p.child, p.cr, lim)
+	}
+	if err != nil {
+		return
+	}
+	h.publish(ctx, "recovery:row", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
+		"status": string(res.Status), "reason": string(res.Reason), "error": res.Error,
+		"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
+}
+
+// awaitRedispatch waits, within the no-progress budget, for a re-dispatch
+// of a recovered run whose child never recorded it (started is closed by
+// it, which then follows the run); without one the run is interrupted.
+func (h *host) awaitRedispatch(ctx context.Context, row runRow, started chan struct{}, lim reattachLimits, start time.Time) {
+	var timeout <-chan time.Time
+	if lim.noProgress > 0 {
+		t := h.rt.Clock().NewTimer(lim.noProgress)
+		defer t.Stop()
+		timeout = t.Chan()
+	}
+	select {
+	case <-started:
+		return // the re-dispatch follows it to its end
+	case <-timeout:
+	case <-ctx.Done():
+		return
+	}
+	h.mu.Lock()
+	delete(h.unstarted, row.RunID)
+	h.mu.Unlock()
+	h.recoveredRow(ctx, row, start, Result{Status: StatusInterrupted, Reason: ReasonNoProgress,
+		Error: interruptedMessage(ReasonNoProgress), ChildStillRunning: ptr(true)}, 0)
+}
+
+// deferredRow is a run the classification pass could not classify in
+// time: reason is why (inspect-timeout, recovery-deadline), answer its
+// inspection if one was started.
+type deferredRow struct {
+	row    runRow
+	answer chan inspection
+	reason Reason
+}
+
+// settleDeferred classifies a deferred run once its inspection answers
+// and goes on as the classification pass would have (collect, re-attach,
+// wait for a re-dispatch). The run stays in flight meanwhile: a re-dispatch
+// of it follows it (and the recovery then leaves it alone), and its one
+// end is what its child did. Only an inspection that does not answer
+// within the no-progress budget ends the run, interrupted with the
+// deferral's reason; a parent that does not wait (a no-progress budget of
+// zero or less) ends it so at once, as the reference does. inspecting
+// bounds the inspections started here.
+func (h *host) settleDeferred(ctx context.Context, d deferredRow, inspecting chan struct{}, lim reattachLimits, start time.Time) {
+	interrupted := Result{Status: StatusInterrupted, Reason: d.reason, Error: interruptedMessage(d.reason)}
+	if lim.collectOnly {
+		h.recoveredRow(ctx, d.row, start, interrupted, 0)
+		return
+	}
+	t := h.rt.Clock().NewTimer(lim.noProgress)
+	defer t.Stop()
+	answer := d.answer
+	if answer == nil {
+		select {
+		case inspecting <- struct{}{}:
+		case <-t.Chan():
+			h.recoveredRow(ctx, d.row, start, interrupted, 0)
+			return
+		case <-ctx.Done():
+			return
+		}
+		inner := h.startInspection(agent.Unheld(ctx), d.row)
+		answer = make(chan inspection, 1)
+		go func() {
+			a := <-inner
+			<-inspecting
+			answer <- a
+		}()
+	}
+	var a inspection
+	select {
+	case a = <-answer:
+	case <-t.Chan():
+		h.recoveredRow(ctx, d.row, start, interrupted, 0)
+		return
+	case <-ctx.Done():
+		return
+	}
+	t.Stop()
+	h.publish(ctx, "recovery:classified", map[string]any{"runId": d.row.RunID, "agentType": d.row.AgentType, "deferred": string(d.reason)})
+	h.mu.Lock()
+	_, skip := h.live[d.row.RunID]
+	h.mu.Unlock()
+	if !skip {
+		// Ended meanwhile (by a re-dispatch that came and went)?
+		fresh, ok, err := h.readRun(ctx, d.row.RunID)
+		skip = err == nil && (!ok || !fresh.Status.Active())
+	}
+	if skip {
+		h.publish(ctx, "recovery:skip", map[string]any{"runId": d.row.RunID, "agentType": d.row.AgentType})
+		return // re-dispatched meanwhile: its caller follows it, or did
+	}
+	switch {
+	case a.err != nil:
+		h.recoveredRow(ctx, d.row, start, Result{Status: StatusInterrupted, Reason: ReasonInspectFailed,
+			Error: interruptedMessage(ReasonInspectFailed)}, 0)
+	case a.insp != nil && a.insp.Status != childRunning:
+		h.recoveredRow(ctx, d.row, start, resultFromInspection(*a.insp), h.forwardStored(ctx, d.row, a.ch.streamChunks(ctx, a.insp.RequestID)))
+	case a.insp == nil:
+		h.awaitRedispatch(ctx, d.row, h.awaitStart(d.row.RunID), lim, start)
+	default:
+		p, err := h.pendingOf(ctx, d.row, a.child, a.ch, a.insp)
+		if err != nil {
+			h.recoveredRow(ctx, d.row, start, Result{Status: StatusError, Error: h.runError(d.row.RunID, err)}, 0)
+			return
+		}
+		h.reattachRecovered(ctx, p, lim, start)
+	}
 }
 
 // recoveredRow finalizes one row during recovery and reports it on the
@@ -315,10 +444,7 @@ func (h *host) recoveredRow(ctx context.Context, row runRow, start time.Time, re
 		return // followed by a dispatch meanwhile, which records its end
 	}
 	defer release()
-	if res.Reason == ReasonRecoveryDeadline {
-		h.publish(ctx, "recovery:deadline", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
-			"elapsedMs": h.rt.Clock().Since(start).Milliseconds()})
-	}
+	row.inFlight = true // not over an end another path recorded meanwhile
 	stored, err := h.finish(ctx, row, res, mark)
 	if err != nil {
 		h.b.Logger().Error("agenttool: recover run", "run", row.RunID, "err", err)

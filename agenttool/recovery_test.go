@@ -1152,6 +1152,17 @@ func TestRecoverInspectTimeoutInBackground(t *testing.T) {
 		t.Fatalf("row before 2 s %+v, want running", r)
 	}
 	e.recBudget(t, 1, time.Millisecond)
+	// Cut at 2 s, the inspection is still waited for: the run is not
+	// ended for a slow inspection, only for one that does not answer
+	// within the no-progress budget.
+	e.recBudget(t, 1, agenttool.DefaultReattachNoProgressTimeout-time.Millisecond)
+	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
+		t.Fatalf("row before the no-progress budget %+v, want running", r)
+	}
+	if fin := k.finishesOf("b1"); len(fin) != 0 {
+		t.Fatalf("finish hooks %+v before the run ended", fin)
+	}
+	e.clock.Advance(time.Millisecond)
 	ev := e.ev.wait(t, "recovery:row", "b1")
 	if ev.Attrs["status"] != "interrupted" || ev.Attrs["reason"] != "inspect-timeout" || ev.Attrs["error"] != msgInspectTimeout {
 		t.Fatalf("recovery:row %v", ev.Attrs)
@@ -1215,6 +1226,15 @@ func TestRecoverDeadline(t *testing.T) {
 	e.recBudget(t, 1, 2*time.Second) // d1
 	e.recBudget(t, 1, 2*time.Second) // d2
 	e.recBudget(t, 1, time.Second)   // d3: only 1 s was left
+	// d4 is past the deadline. None of them is ended yet: their
+	// inspections are waited for up to the no-progress budget.
+	e.ev.wait(t, "recovery:deadline", "d4")
+	for _, id := range []string{"d1", "d2", "d3", "d4"} {
+		if r := recRun(t, p, id); r.Status != agenttool.StatusRunning {
+			t.Fatalf("%s after the classification pass %+v, want running", id, r)
+		}
+	}
+	e.recBudget(t, 4, agenttool.DefaultReattachNoProgressTimeout)
 	e.ev.wait(t, "recovery:complete", "")
 	for _, id := range []string{"d1", "d2", "d3"} {
 		recCheckInterrupted(t, recRun(t, p, id), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
@@ -1490,6 +1510,9 @@ func TestRecoverGiveUpNumbersAfterStoredChunks(t *testing.T) {
 	}
 	p = recRehydrate(t, e, p)
 	e.recBudget(t, 1, 2*time.Second) // the child's hydration blocks: the inspection times out
+	// Not classified, not ended: its inspection is waited for up to the
+	// no-progress budget.
+	e.recBudget(t, 1, agenttool.DefaultReattachNoProgressTimeout)
 	e.ev.wait(t, "recovery:complete", "")
 	recCheckInterrupted(t, recRun(t, p, "g1"), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
 	check := func(who string, fs []agenttool.Frame) {
@@ -1539,9 +1562,8 @@ func TestRecoveryLeavesARedispatchedRunToItsDispatch(t *testing.T) {
 	out := recDispatch(p, "RecBlocking", "b1", "again")
 	e.ev.wait(t, "redispatch", "b1") // live: it waits for the child too
 	e.clock.Advance(2 * time.Second) // the inspection times out
-	e.ev.wait(t, "recovery:skip", "b1")
 	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
-		t.Fatalf("row after the recovery skipped it %+v, want running", r)
+		t.Fatalf("row after the inspection timed out %+v, want running", r)
 	}
 	close(k.block)
 	stop := recPump(k.mclock)
@@ -1554,5 +1576,126 @@ func TestRecoveryLeavesARedispatchedRunToItsDispatch(t *testing.T) {
 	fin := k.finishesOf("b1")
 	if len(fin) != 1 || fin[0].Result.Status != agenttool.StatusCompleted {
 		t.Fatalf("finish hooks %+v, want one, completed", fin)
+	}
+}
+
+// TestRecoveryEndsARunItCouldNotInspectInTimeOnce is the regression test
+// of the gap "a recovery that gives up before a client repeats its
+// request": the parent's recovery cannot inspect a run in time (the
+// child's hydration hangs past the inspection's 2 s), and only then the
+// same run id is dispatched again (a client repeating its request, a
+// recovered chat turn repeating its tool call). The recovery does not end
+// the run for a slow inspection, so the run has one end, the child's real
+// result: one finish hook, completed, and one terminal frame for the
+// clients. (It was recorded interrupted by the recovery, its hook told,
+// and then repaired by the dispatch and the hook told again.) The child
+// runs once.
+func TestRecoveryEndsARunItCouldNotInspectInTimeOnce(t *testing.T) {
+	k := newRecKit()
+	defer func() {
+		select {
+		case <-k.block:
+		default:
+			close(k.block)
+		}
+	}()
+	e := recStart(t, k, "")
+	p := e.parent(t, "RecParent", "p")
+	recSeed(t, e.RT.DB(), p, "b1", "RecBlocking", e.clock.Now())
+	p = recRehydrate(t, e, p) // its recovery's inspection of b1 hangs
+	w := recDial(t, e, "RecParent", "p")
+	e.ev.wait(t, "recovery:begin", "")
+	e.recBudget(t, 1, 2*time.Second) // the inspection times out
+	// The recovery waits on for the inspection (its budget's timer).
+	if err := e.clock.BlockUntilContext(recCtx(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
+		t.Fatalf("row after the inspection timed out %+v, want running", r)
+	}
+	if fin := k.finishesOf("b1"); len(fin) != 0 {
+		t.Fatalf("finish hooks %+v after the inspection timed out, want none", fin)
+	}
+	out := recDispatch(p, "RecBlocking", "b1", "again")
+	e.ev.wait(t, "redispatch", "b1")
+	close(k.block)
+	stop := recPump(k.mclock)
+	o := recResult(t, out)
+	stop()
+	if o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != recText {
+		t.Fatalf("re-dispatch: %+v %v, want completed", o.res, o.err)
+	}
+	e.ev.wait(t, "recovery:complete", "")
+	fin := k.finishesOf("b1")
+	if len(fin) != 1 || fin[0].Result.Status != agenttool.StatusCompleted {
+		t.Fatalf("finish hooks %+v, want one, completed", fin)
+	}
+	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusCompleted || r.Reason != "" {
+		t.Fatalf("row %+v, want completed", r)
+	}
+	fs := w.terminal("b1")
+	ends := 0
+	for _, f := range fs {
+		switch f.Event.Kind {
+		case "finished", "error", "aborted", "interrupted":
+			ends++
+		}
+	}
+	if last := fs[len(fs)-1]; ends != 1 || last.Event.Kind != "finished" {
+		t.Fatalf("frames %+v, want one terminal frame, finished", fs)
+	}
+	if n := e.ev.count("recovery:row", "b1"); n != 0 {
+		t.Fatalf("the recovery recorded %d ends of b1, want none (the dispatch's)", n)
+	}
+}
+
+// TestRecoveryCollectsARunPastItsDeadline: a run that the classification
+// pass reaches only past its 5 s deadline (the inspections before it
+// hung) is not ended for that: it is classified after the pass, and a
+// child that finished is collected, its real result its one end. (It was
+// recorded interrupted, recovery-deadline, and its hook told so, though
+// its child had finished.)
+func TestRecoveryCollectsARunPastItsDeadline(t *testing.T) {
+	k := newRecKit()
+	defer close(k.block)
+	e := recStart(t, k, "")
+	p := e.parent(t, "RecParent", "p")
+	now := e.clock.Now()
+	for i := range 3 {
+		recSeed(t, e.RT.DB(), p, fmt.Sprintf("d%d", i+1), "RecBlocking", now.Add(time.Duration(i)*time.Millisecond))
+	}
+	recSeed(t, e.RT.DB(), p, "d4", "RecChild", now.Add(3*time.Millisecond))
+	ctx := recCtx(t)
+	child := agent.BaseOf(p).Path().Child("RecChild", "d4").String()
+	err := e.RT.DB().Update(ctx, func(tx store.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO instances (path, class, name, parent_id, created_at) VALUES (?, 'RecChild', 'd4', ?, ?)`,
+			child, agent.BaseOf(p).InstanceID(), now.UnixMilli()); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO agent_tool_child_runs (instance_id, run_id, status, summary, started_at, completed_at)
+			SELECT id, 'd4', 'completed', 'done early', ?, ? FROM instances WHERE path = ?`, now.UnixMilli(), now.UnixMilli(), child)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = recRehydrate(t, e, p)
+	e.recBudget(t, 1, 2*time.Second) // d1
+	e.recBudget(t, 1, 2*time.Second) // d2
+	e.recBudget(t, 1, time.Second)   // d3: only 1 s was left
+	e.ev.wait(t, "recovery:deadline", "d4")
+	if ev := e.ev.wait(t, "recovery:row", "d4"); ev.Attrs["status"] != "completed" {
+		t.Fatalf("recovery:row of d4 %v, want completed", ev.Attrs)
+	}
+	if r := recRun(t, p, "d4"); r.Status != agenttool.StatusCompleted || r.Summary != "done early" {
+		t.Fatalf("d4 %+v, want completed", r)
+	}
+	e.recBudget(t, 3, agenttool.DefaultReattachNoProgressTimeout)
+	e.ev.wait(t, "recovery:complete", "")
+	if fin := k.finishesOf("d4"); len(fin) != 1 || fin[0].Result.Status != agenttool.StatusCompleted {
+		t.Fatalf("finish hooks of d4 %+v, want one, completed", fin)
+	}
+	for _, id := range []string{"d1", "d2", "d3"} {
+		recCheckInterrupted(t, recRun(t, p, id), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
 	}
 }

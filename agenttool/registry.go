@@ -20,6 +20,10 @@ type runRow struct {
 	det   detachedCols
 	// traceParent is the run's span (agent.TraceParent), if any.
 	traceParent string
+	// inFlight: its terminal write records an end only over a run still
+	// in flight (a recovery's, which read it so), never over one that
+	// another path ended meanwhile, interrupted or not.
+	inFlight bool
 }
 
 // detachedCols are the registry columns of a detached run.
@@ -275,7 +279,7 @@ func (h *host) writeTerminal(ctx context.Context, row runRow, res Result, mark i
 		if n := len(late); n > 0 {
 			mark = late[n-1].seq + 1
 		}
-		won, marks, err = writeTerminalTx(ctx, tx, h.iid, row.RunID, res, mark, now, observed)
+		won, marks, err = writeTerminalTx(ctx, tx, h, row.RunID, res, mark, now, observed, row.inFlight)
 		return err
 	})
 	if err != nil {
@@ -310,15 +314,26 @@ func storedStreamFrom(ctx context.Context, tx store.Tx, child, runID string, seq
 }
 
 // writeTerminalTx is writeTerminal's writes in tx, on the registry of the
-// parent instance iid (the fused end of a child writes it). For an awaited
-// run it also opens the end's delivery (finish_delivered_at): pending when
-// the parent has a FinishObserver to tell (observed), delivered at once
-// when it has none.
-func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, res Result, mark int, now int64, observed bool) (won bool, marks []int, err error) {
+// parent p (the fused end of a child writes it). For an awaited run it
+// also opens the end's delivery (finish_delivered_at): pending when the
+// parent has a FinishObserver to tell (observed), delivered at once when
+// it has none. A pending delivery is a wake reason of the parent of its
+// own (finishWakeReason), so that the end is delivered as soon as the
+// parent's node (this one after a restart, or the one that takes its
+// shard over) starts, even when nothing else of the parent is unfinished.
+//
+// inFlight limits the write to a run still in flight (starting, running);
+// otherwise it records over any end but a hard one.
+func writeTerminalTx(ctx context.Context, tx store.Tx, p *host, runID string, res Result, mark int, now int64, observed, inFlight bool) (won bool, marks []int, err error) {
+	iid := p.iid
+	open := `status NOT IN ('completed', 'error', 'aborted')`
+	if inFlight {
+		open = `status IN ('starting', 'running')`
+	}
 	err = func() error {
 		var raw sql.NullString
 		var detached int
-		err := tx.QueryRow(ctx, `SELECT terminal_marks, detached FROM agent_tool_runs WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
+		err := tx.QueryRow(ctx, `SELECT terminal_marks, detached FROM agent_tool_runs WHERE instance_id = ? AND run_id = ? AND `+open,
 			iid, runID).Scan(&raw, &detached)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
@@ -350,14 +365,17 @@ func writeTerminalTx(ctx context.Context, tx store.Tx, iid int64, runID string, 
 		r, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ?, summary = ?, output_json = ?, error_message = ?,
 				interrupted_reason = ?, child_still_running = ?, completed_at = ?, terminal_marks = ?,
 				usage_json = COALESCE(?, usage_json)`+setDelivered+`
-			WHERE instance_id = ? AND run_id = ? AND status NOT IN ('completed', 'error', 'aborted')`,
+			WHERE instance_id = ? AND run_id = ? AND `+open,
 			append(args, iid, runID)...)
 		if err != nil {
 			return err
 		}
 		n, err := r.RowsAffected()
 		won = n == 1
-		return err
+		if err != nil || !won || detached != 0 || !observed {
+			return err
+		}
+		return p.b.KeepAwakeTx(ctx, tx, finishWakeReason(runID))
 	}()
 	return won, marks, err
 }

@@ -44,7 +44,11 @@ func (s Status) Hard() bool { return s == StatusCompleted || s == StatusError ||
 // Reason says why a run was interrupted.
 type Reason string
 
-// Interrupted reasons.
+// Interrupted reasons. ReasonInspectTimeout and ReasonRecoveryDeadline
+// end a run only when the recovery's inspection of its child does not
+// answer within the re-attach no-progress budget (at once for a parent
+// whose budget is zero or less); a slower answer is classified as any
+// other.
 const (
 	ReasonNoProgress       Reason = "no-progress"
 	ReasonWindowExceeded   Reason = "window-exceeded"

@@ -337,6 +337,11 @@ func (b *Base) BusyTurn() (string, bool) {
 
 var errCanceled = errors.New("turn canceled")
 
+// errResent is accept's answer to a client's request whose id names a
+// stream already stored: the client sent it again (a reconnect that lost
+// the answer), and nothing is written.
+var errResent = errors.New("chat: request already accepted")
+
 type acceptRequest struct {
 	// replace is the client's full transcript (a chat request); append adds
 	// to the stored one (headless turns).
@@ -351,6 +356,7 @@ type acceptRequest struct {
 	tx           func(ctx context.Context, tx store.Tx, id string) error
 	end          *EndHook
 	limited      bool   // a client's request: refused beyond Config.MaxQueuedRequests
+	clientID     bool   // id is the client's: one already stored is a re-send (errResent)
 	committed    func() // runs after the commit, before the turn is queued
 }
 
@@ -425,6 +431,15 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 		if err := tx.QueryRow(ctx, `SELECT id FROM instances WHERE id = ? FOR UPDATE`, c.iid).Scan(&locked); err != nil {
 			return err
 		}
+		if req.clientID {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM chat_streams WHERE instance_id = ? AND id = ?`, c.iid, req.id).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				return errResent
+			}
+		}
 		if req.key != "" {
 			err := tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
 			if err == nil {
@@ -447,8 +462,7 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 			// nothing per turn.
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO instance_wake (instance_id, reason) VALUES (?, ?)
-			ON CONFLICT (instance_id, reason) DO NOTHING`, c.iid, wakeReason); err != nil {
+		if err := c.b.KeepAwakeTx(ctx, tx, wakeReason); err != nil {
 			return err
 		}
 		if req.continuation {

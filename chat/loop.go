@@ -112,13 +112,15 @@ func (tt *Turn) RunLoop(ctx context.Context, o LoopOptions) error {
 			return err
 		}
 		finish = reason
-		// The step's usage goes out before its tools run: an awaiting
-		// parent holds it against the run's budget at once.
-		if err := tt.t.writeUsage(); err != nil {
-			return err
-		}
 		waiting := false
 		if len(calls) > 0 {
+			// The step's usage goes out before its tools run: an awaiting
+			// parent holds it against the run's budget at once. A step
+			// without calls is the turn's last, and its finish chunk,
+			// written next, carries the usage itself.
+			if err := tt.t.writeUsage(); err != nil {
+				return err
+			}
 			if err := tt.t.markTools(ctx, true); err != nil {
 				return err
 			}

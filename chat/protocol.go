@@ -170,8 +170,12 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 	// addToolApprovalResponse or addToolOutput): the turn continues that
 	// message, running what its answers approved.
 	cont := body.Trigger != "regenerate-message" && lastAssistant(msgs) != nil
-	_, err := c.accept(ctx, acceptRequest{replace: msgs, origin: conn, id: f.ID, body: rawExtra, limited: true, continuation: cont})
+	_, err := c.accept(ctx, acceptRequest{replace: msgs, origin: conn, id: f.ID, body: rawExtra, limited: true, clientID: true, continuation: cont})
 	switch {
+	case errors.Is(err, errResent):
+		// A re-sent request whose turn ran already: the client gets that
+		// turn's stream, as a resume would give it, and nothing runs again.
+		c.onResumeAck(ctx, conn, f.ID)
 	case errors.Is(err, ErrTooManyQueued):
 		fail(fmt.Sprintf("too many chat requests are queued on this agent (the limit is %d); send it again when a turn has ended",
 			c.cfg.MaxQueuedRequests))

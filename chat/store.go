@@ -165,7 +165,7 @@ func appendMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.
 }
 
 func putMessage(ctx context.Context, tx store.Tx, iid int64, pos int, m message.Message) error {
-	body, err := json.Marshal(m)
+	body, err := m.MarshalJSON() // what json.Marshal writes, without its second pass
 	if err != nil {
 		return fmt.Errorf("encode message %s: %w", m.ID, err)
 	}

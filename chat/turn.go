@@ -225,7 +225,7 @@ func (t *turn) send(ch message.Chunk) { t.sendChunk(ch, false) }
 // with the committed ones but is not stored and has no sequence number.
 func (t *turn) sendChunk(ch message.Chunk, live bool) {
 	c := t.c
-	body, err := json.Marshal(ch)
+	body, err := ch.MarshalJSON() // what json.Marshal writes, without its second pass
 	if err != nil {
 		c.log.Error("chat: encode chunk", "err", err)
 		return

@@ -6,6 +6,9 @@ import (
 	"github.com/agentry/agentry/agent"
 )
 
+// A node files its instances' wake reasons under their shards.
+var _ agent.Sharder = (*Node)(nil)
+
 // Attach makes rt follow this node's leases: the instances of acquired
 // shards with unfinished work are woken (and their schedules fire here),
 // the instances of shards handed over are drained, and those of lost
@@ -14,8 +17,7 @@ import (
 func (n *Node) Attach(rt *agent.Runtime) {
 	if n.cfg.Acquired == nil {
 		n.cfg.Acquired = func(ctx context.Context, shards []int) {
-			in := n.shardSet(shards)
-			if err := rt.Wake(ctx, func(p agent.Path) bool { return in[n.ShardOf(p)] }); err != nil && ctx.Err() == nil {
+			if err := rt.WakeShards(ctx, shards); err != nil && ctx.Err() == nil {
 				n.log.Error("cluster: wake acquired shards", "err", err)
 			}
 		}

@@ -17,7 +17,22 @@ import (
 // line and headers: the parent's node authenticates the request again
 // (Peer.Gate, the application's server) and runs the parent's gates.
 
-var _ agent.RemoteGate = (*Node)(nil)
+var (
+	_ agent.RemoteGate      = (*Node)(nil)
+	_ agent.RemoteForgetter = (*Node)(nil)
+)
+
+// ForgetRemote tells the other nodes to drop the destroyed instances at
+// paths they hold in memory (agent.RemoteForgetter), through the peer.
+func (n *Node) ForgetRemote(ctx context.Context, paths []agent.Path) error {
+	n.mu.Lock()
+	p := n.peer
+	n.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	return p.ForgetDestroyed(ctx, paths)
+}
 
 // UsePeer makes p the way this node asks other nodes' gates
 // (CheckRemoteSubAgent). clusterserve calls it.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -165,6 +166,42 @@ func (e *statusError) Error() string {
 	return fmt.Sprintf("cluster: %s on %s: %d %s", e.op, e.addr, e.status, e.text)
 }
 
+// forgetCall is the request of a forget-destroyed call.
+type forgetCall struct {
+	Paths []agent.Path `json:"paths"`
+}
+
+// forgetBatch bounds the paths of one forget-destroyed call.
+const forgetBatch = 500
+
+// ForgetDestroyed tells the nodes that own the instances at paths
+// (descendants of an instance this node destroyed, whose rows are gone)
+// to drop those they hold in memory: one call per owner and batch, each
+// sent once (a node not reached drops them when it loses them).
+func (p *Peer) ForgetDestroyed(ctx context.Context, paths []agent.Path) error {
+	byOwner := map[string][]agent.Path{}
+	for _, path := range paths {
+		if _, addr, ok := p.Node.Owner(path); ok {
+			byOwner[addr] = append(byOwner[addr], path)
+		}
+	}
+	var errs []error
+	for addr, list := range byOwner {
+		for batch := range slices.Chunk(list, forgetBatch) {
+			body, err := json.Marshal(forgetCall{Paths: batch})
+			if err == nil {
+				actx, cancel := context.WithTimeout(ctx, p.Node.Lease()/2)
+				err = p.post(actx, addr, "forget-destroyed", body, nil)
+				cancel()
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("cluster: forget-destroyed on %s: %w", addr, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // errMoving is a call that reached no owner: the shard is changing hands.
 var errMoving = errors.New("cluster: no owner reachable")
 
@@ -299,6 +336,18 @@ func (p *Peer) Handler() http.Handler {
 			}
 			// The continuation turn the answer starts outlives the call.
 			err = agenttool.AnswerRemoteChild(context.WithoutCancel(ctx), p.Runtime, req)
+			out = map[string]string{}
+		case "forget-destroyed":
+			var req forgetCall
+			if err = json.Unmarshal(data, &req); err != nil {
+				err = badRequest(err)
+				break
+			}
+			if slices.ContainsFunc(req.Paths, func(p agent.Path) bool { return len(p) < 2 }) {
+				err = badRequest(errors.New("forget-destroyed names descendants: paths of two steps or more"))
+				break
+			}
+			p.Runtime.ForgetDestroyed(req.Paths)
 			out = map[string]string{}
 		case "check-sub-agent":
 			out, err = p.serveGate(ctx, data)

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/agentry/agentry/internal/jsonenc"
 )
 
 // Chunk types of the UI message stream. Data chunks are "data-" followed by
@@ -179,12 +181,106 @@ func (c *Chunk) required(key string) bool {
 
 // MarshalJSON encodes c as an AI SDK UIMessageChunk, unknown members
 // included.
+// It writes what json.Marshal writes (compact, HTML-safe), member by
+// member in the order of fields, without reflection: a chunk is encoded
+// once per streamed token.
 func (c Chunk) MarshalJSON() ([]byte, error) {
-	b, err := marshalObject(c.fields(), c.required, c.extra)
-	if err != nil {
-		return nil, fmt.Errorf("chunk %q: %w", c.Type, err)
+	e := chunkEncoder{c: &c, b: make([]byte, 0, 64+len(c.Delta)+len(c.ID)+len(c.MessageMetadata)+len(c.Input)+len(c.Output)+len(c.Data))}
+	e.b = append(e.b, `{"type":`...)
+	e.b = jsonenc.AppendString(e.b, c.Type)
+	e.str("messageId", c.MessageID)
+	e.str("id", c.ID)
+	e.str("delta", c.Delta)
+	e.str("approvalId", c.ApprovalID)
+	e.str("toolCallId", c.ToolCallID)
+	e.str("toolName", c.ToolName)
+	e.str("inputTextDelta", c.InputTextDelta)
+	e.str("inputEncoding", c.InputEncoding)
+	e.raw("input", c.Input)
+	e.raw("output", c.Output)
+	e.str("errorText", c.ErrorText)
+	e.raw("approvalDescriptor", c.ApprovalDescriptor)
+	e.raw("inputSchemaInput", c.InputSchemaInput)
+	e.raw("signature", c.Signature)
+	e.flag("providerExecuted", c.ProviderExecuted)
+	e.flag("dynamic", c.Dynamic)
+	e.flag("preliminary", c.Preliminary)
+	e.str("sourceId", c.SourceID)
+	e.str("url", c.URL)
+	e.str("mediaType", c.MediaType)
+	e.str("title", c.Title)
+	e.raw("toolMetadata", c.ToolMetadata)
+	e.str("filename", c.Filename)
+	e.raw("data", c.Data)
+	e.flag("transient", c.Transient)
+	e.str("finishReason", c.FinishReason)
+	e.str("reason", c.Reason)
+	e.raw("messageMetadata", c.MessageMetadata)
+	e.raw("providerMetadata", c.ProviderMetadata)
+	if e.err == nil && len(c.extra) > 0 {
+		// The unknown members, through the general encoder.
+		rest, err := marshalObject(nil, func(string) bool { return false }, c.extra)
+		if err != nil {
+			e.err = err
+		} else if len(rest) > 2 {
+			e.b = append(e.b, ',')
+			e.b = append(e.b, rest[1:len(rest)-1]...)
+		}
 	}
-	return b, nil
+	if e.err != nil {
+		return nil, fmt.Errorf("chunk %q: %w", c.Type, e.err)
+	}
+	return append(e.b, '}'), nil
+}
+
+// chunkEncoder appends a chunk's members after its type; each is left out
+// when zero unless its key is required for the chunk's type.
+type chunkEncoder struct {
+	c   *Chunk
+	b   []byte
+	err error
+}
+
+func (e *chunkEncoder) key(key string) {
+	e.b = append(e.b, ',', '"')
+	e.b = append(e.b, key...)
+	e.b = append(e.b, '"', ':')
+}
+
+func (e *chunkEncoder) str(key, v string) {
+	if v == "" && !e.c.required(key) {
+		return
+	}
+	e.key(key)
+	e.b = jsonenc.AppendString(e.b, v)
+}
+
+func (e *chunkEncoder) raw(key string, v json.RawMessage) {
+	if e.err != nil || len(v) == 0 && !e.c.required(key) {
+		return
+	}
+	e.key(key)
+	b, err := jsonenc.AppendRaw(e.b, v)
+	if err != nil {
+		e.err = fmt.Errorf("encode %q: %w", key, err)
+		return
+	}
+	e.b = b
+}
+
+func (e *chunkEncoder) flag(key string, v *bool) {
+	if v == nil && !e.c.required(key) {
+		return
+	}
+	e.key(key)
+	switch {
+	case v == nil:
+		e.b = append(e.b, "null"...)
+	case *v:
+		e.b = append(e.b, "true"...)
+	default:
+		e.b = append(e.b, "false"...)
+	}
 }
 
 // UnmarshalJSON decodes an AI SDK UIMessageChunk, keeping unknown members.

@@ -378,7 +378,7 @@ func TestCancellation(t *testing.T) {
 func TestNestedUpdateStalls(t *testing.T) {
 	ctx := context.Background()
 	clock := clockwork.NewFakeClock()
-	db := openWith(t, sqlite.Options{Clock: clock, StallTimeout: time.Second})
+	db := openWith(t, sqlite.Options{Clock: clock, StallTimeout: time.Second, CheckpointInterval: -1})
 	q := newQueueCounter(db)
 	res := make(chan error, 1)
 	var inner, after error
@@ -439,7 +439,7 @@ func advanceIdle(t *testing.T, clock *clockwork.FakeClock, n int) {
 func TestStallBreaksWaitOnEarlierMember(t *testing.T) {
 	ctx := context.Background()
 	clock := clockwork.NewFakeClock()
-	db := openWith(t, sqlite.Options{Clock: clock, StallTimeout: time.Second})
+	db := openWith(t, sqlite.Options{Clock: clock, StallTimeout: time.Second, CheckpointInterval: -1})
 	q := newQueueCounter(db)
 	release := make(chan struct{})
 	first := holdWriter(t, db, "a", release)
@@ -492,7 +492,7 @@ func TestStallBreaksWaitOnEarlierMember(t *testing.T) {
 func TestNoStallWhileBusyOrAlone(t *testing.T) {
 	ctx := context.Background()
 	clock := clockwork.NewFakeClock()
-	db := openWith(t, sqlite.Options{Clock: clock, StallTimeout: time.Second})
+	db := openWith(t, sqlite.Options{Clock: clock, StallTimeout: time.Second, CheckpointInterval: -1})
 	step := make(chan struct{})
 	res := make(chan error, 1)
 	go func() {

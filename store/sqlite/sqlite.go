@@ -26,6 +26,17 @@
 // from its BEGIN; it never waits for transactions to come, so a lone
 // Update costs what it did without grouping.
 //
+// # Checkpoints
+//
+// A goroutine with a connection of its own copies the write-ahead log back
+// into the database file (a PASSIVE checkpoint, which blocks neither the
+// writer nor the readers) after commits, at most once every
+// Options.CheckpointInterval, so a COMMIT seldom waits for one. The
+// COMMIT that makes the log Options.MaxWALPages long still checkpoints
+// itself, as SQLite does by default at 1,000 pages, so that the log is
+// started again from its beginning and stays bounded; it finds most pages
+// copied already.
+//
 // # What cancels what
 //
 //   - The context given to Update or View ends the wait for the writer or a
@@ -96,7 +107,21 @@ type Options struct {
 	// Readers is the number of reader connections (default GOMAXPROCS, at
 	// least 2).
 	Readers int
-	// Clock times the batches and the stall watchdog (default: the real clock).
+	// CheckpointInterval is the least time between two background
+	// checkpoints, which copy the write-ahead log's pages into the
+	// database file off the writer's path (default 100 ms; negative: no
+	// background checkpoints, SQLite checkpoints inside the COMMIT that
+	// makes the log 1,000 pages long, its own default).
+	CheckpointInterval time.Duration
+	// MaxWALPages bounds the write-ahead log: a COMMIT that makes the log
+	// this many pages long checkpoints itself (default 2,000 pages, 8 MB
+	// of 4 KiB pages). Under a steady stream of commits the background
+	// checkpoints rarely copy the whole log between two of them, and only
+	// a whole copy lets the next write start the log from its beginning;
+	// the writer's own checkpoint does, and finds most pages copied.
+	MaxWALPages int
+	// Clock times the batches, the stall watchdog and the background
+	// checkpoints (default: the real clock).
 	Clock clockwork.Clock
 }
 
@@ -119,6 +144,12 @@ func (o Options) withDefaults() Options {
 	if o.Readers <= 0 {
 		o.Readers = max(2, runtime.GOMAXPROCS(0))
 	}
+	if o.CheckpointInterval == 0 {
+		o.CheckpointInterval = 100 * time.Millisecond
+	}
+	if o.MaxWALPages <= 0 {
+		o.MaxWALPages = 2000
+	}
 	if o.Clock == nil {
 		o.Clock = clockwork.NewRealClock()
 	}
@@ -131,6 +162,8 @@ type DB struct {
 	reader *sql.DB
 	path   string
 	w      *writer
+	ckpt   *checkpointer // nil without background checkpoints
+	ckptDB *sql.DB       // the checkpointer's connection pool (of one)
 	stats  counters
 
 	closeOnce sync.Once
@@ -157,10 +190,14 @@ type Stats struct {
 	Prepares int64
 	// Stalled is the number of transactions the stall watchdog rolled back.
 	Stalled int64
+	// Checkpoints is the number of background checkpoints run, and
+	// CheckpointErrors the number that failed (left to the next one).
+	Checkpoints, CheckpointErrors int64
 }
 
 type counters struct {
 	updates, committed, commits, views, statements, prepares, stalled atomic.Int64
+	checkpoints, checkpointErrors                                     atomic.Int64
 }
 
 // Stats returns the counters.
@@ -168,7 +205,7 @@ func (db *DB) Stats() Stats {
 	s := &db.stats
 	return Stats{Updates: s.updates.Load(), Committed: s.committed.Load(), Commits: s.commits.Load(),
 		Views: s.views.Load(), Statements: s.statements.Load(), Prepares: s.prepares.Load(),
-		Stalled: s.stalled.Load()}
+		Stalled: s.stalled.Load(), Checkpoints: s.checkpoints.Load(), CheckpointErrors: s.checkpointErrors.Load()}
 }
 
 // Open opens (creating if needed) the database at path with the default
@@ -196,8 +233,13 @@ func OpenOptions(ctx context.Context, path string, opts Options) (*DB, error) {
 	} {
 		pragmas.Add("_pragma", p)
 	}
-	writerDSN := "file:" + path + "?" + pragmas.Encode()
 	readerDSN := "file:" + path + "?" + pragmas.Encode() + "&mode=ro"
+	autoCheckpoint := opts.MaxWALPages
+	if opts.CheckpointInterval < 0 {
+		autoCheckpoint = 1000
+	}
+	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autoCheckpoint))
+	writerDSN := "file:" + path + "?" + pragmas.Encode()
 
 	db := &DB{path: path}
 	// The driver modernc.org/sqlite registered (with its package-level
@@ -233,6 +275,23 @@ func OpenOptions(ctx context.Context, path string, opts Options) (*DB, error) {
 		stop: make(chan struct{}), exited: make(chan struct{}),
 		clock: opts.Clock, maxBatch: opts.MaxBatch, maxBytes: opts.MaxBatchBytes,
 		maxTime: opts.MaxBatchTime, stall: opts.StallTimeout}
+	if opts.CheckpointInterval > 0 {
+		// Its own connection on the writer's settings (not read-only: a
+		// checkpoint writes the database file).
+		cdb := sql.OpenDB(&connector{dsn: writerDSN, drv: drv, cache: -1, stats: &counters{}})
+		cconn, err := cdb.Conn(ctx)
+		if err != nil {
+			cdb.Close()
+			db.reader.Close()
+			conn.Close()
+			db.writer.Close()
+			return nil, fmt.Errorf("sqlite: open %s for checkpoints: %w", path, err)
+		}
+		db.ckptDB = cdb
+		db.ckpt = newCheckpointer(cconn, opts.Clock, opts.CheckpointInterval, &db.stats)
+		db.w.ckpt = db.ckpt
+		go db.ckpt.loop()
+	}
 	go db.w.loop()
 	return db, nil
 }
@@ -293,6 +352,10 @@ func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
 		close(db.w.stop)
 		<-db.w.exited
+		if db.ckpt != nil {
+			db.ckpt.close()
+			db.ckptDB.Close()
+		}
 		db.w.conn.Close()
 		rerr := db.reader.Close()
 		werr := db.writer.Close()

@@ -63,6 +63,8 @@ type writer struct {
 	maxTime  time.Duration
 	stall    time.Duration
 
+	ckpt *checkpointer // told of each commit; nil without background checkpoints
+
 	enqueued func() // test hook: called after a transaction was queued
 }
 
@@ -232,6 +234,9 @@ func (w *writer) batch(first *writeTx) {
 	} else {
 		w.db.stats.commits.Add(1)
 		w.db.stats.committed.Add(int64(len(members)))
+		if w.ckpt != nil {
+			w.ckpt.committed()
+		}
 	}
 	for _, m := range members {
 		m.res <- err

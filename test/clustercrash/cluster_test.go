@@ -6,6 +6,7 @@
 package clustercrash
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -156,18 +157,30 @@ func (e *env) fanNameFrom(id string, from int) string {
 	return ""
 }
 
+// get GETs path from host and decodes its JSON answer into out. A 503 with
+// Retry-After (the agent's shard is being handed over, or its
+// owner is unreachable for now) is asked again, as a client does, for up
+// to 30 s: such a refusal comes before the request is handled.
 func get(t *testing.T, host, path string, out any) error {
 	c := &http.Client{Timeout: 120 * time.Second}
-	resp, err := c.Get("http://" + host + path)
-	if err != nil {
-		return err
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := c.Get("http://" + host + path)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" && time.Now().Before(deadline) {
+			t.Logf("GET %s: 503 %s; asking again", path, bytes.TrimSpace(body))
+			time.Sleep(200 * time.Millisecond) // the client's back-off, shorter than Retry-After's 1 s
+			continue
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %d %s", path, resp.StatusCode, body)
+		}
+		return json.Unmarshal(body, out)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %d %s", path, resp.StatusCode, body)
-	}
-	return json.Unmarshal(body, out)
 }
 
 // count runs a count query on the shared database.

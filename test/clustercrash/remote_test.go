@@ -172,7 +172,18 @@ func TestRemoteDetachedRecoveryAfterParentRestart(t *testing.T) {
 		t.Fatalf("%d children finished before the kill: the children are too fast for this test", done)
 	}
 	e.startWith("a", "-step", "1s")
-	e.until(90*time.Second, "every detached run delivered", func() bool { return e.detachedLedger(b.Host, name)["runs"] == n })
+	var last map[string]int
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the detached ledger last read: %v; children done: %d", last, e.childrenDone("r"))
+		}
+	})
+	e.until(90*time.Second, "every detached run delivered", func() bool {
+		if fin := e.detachedLedger(b.Host, name); fin != nil {
+			last = fin
+		}
+		return last["runs"] == n
+	})
 	if fin := e.detachedLedger(b.Host, name); fin["repeated"] != 0 || fin["status:completed"] != n {
 		t.Errorf("detached ledger %v, want %d completed once each", fin, n)
 	}
@@ -433,6 +444,8 @@ func TestRemoteDrillIn(t *testing.T) {
 		{"check-sub-agent", `{"path":"Fan/x/Worker/y","uri":"/%zz"}`},
 		{"destroy-child", `{"child":[{"class":"Fan","name":"x"}]}`},
 		{"destroy-child", `{"child":7}`},
+		{"forget-destroyed", `{"paths":[[{"class":"Fan","name":"x"}]]}`},
+		{"forget-destroyed", `{"paths":7}`},
 		{"cancel-child", `{"child":[]}`},
 		{"start-child", `{"parentPath":[],"class":"Worker","runId":"z"}`},
 	} {
@@ -470,6 +483,88 @@ func TestRemoteClearDestroysResidentChildren(t *testing.T) {
 	}
 	if n := e.count(`SELECT count(*) FROM agent_tool_child_runs WHERE run_id = $1`, run); n != 0 {
 		t.Errorf("the cleared child's run record remains")
+	}
+}
+
+// TestRemoteClearDropsDescendantsOnOtherNodes clears a parent on a whose
+// child (a Nester on c) ran a run of its own, whose child lives in b's
+// memory: every row of the tree is gone, and neither c nor b holds its
+// instance any more. (Clear dropped only the child from its owner's
+// memory; the grandchild stayed resident on b until evicted.)
+func TestRemoteClearDropsDescendantsOnOtherNodes(t *testing.T) {
+	e := newEnv(t)
+	_, b, c := e.three()
+	name := e.fanName("a")
+	own := e.owners()
+	parent := agent.Path{{Class: "Fan", Name: name}}
+	var child, grandchild agent.Path
+	run := ""
+	for i := 0; i < 100000 && run == ""; i++ {
+		id := fmt.Sprint("nest", i)
+		ch := parent.Child("Nester", id)
+		g := ch.Child("Worker", "g-"+id)
+		if own[cluster.ShardOf(ch, cluster.DefaultShards)] == "c" && own[cluster.ShardOf(g, cluster.DefaultShards)] == "b" {
+			run, child, grandchild = id, ch, g
+		}
+	}
+	if run == "" {
+		t.Fatal("no run id puts the child on c and its child on b")
+	}
+	var res map[string]any
+	if err := get(t, b.Host, "/agents/fan/"+name+"/run?class=Nester&id="+run, &res); err != nil || res["status"] != "completed" {
+		t.Fatalf("run: %v %v", res, err)
+	}
+	if !resident(t, c.Host, child) || !resident(t, b.Host, grandchild) {
+		t.Fatalf("after the run: child on c resident %v, its child on b resident %v, want both",
+			resident(t, c.Host, child), resident(t, b.Host, grandchild))
+	}
+	var out map[string]int
+	if err := get(t, b.Host, "/agents/fan/"+name+"/clear", &out); err != nil || out["cleared"] != 1 {
+		t.Fatalf("clear: %v %v", out, err)
+	}
+	if resident(t, c.Host, child) {
+		t.Errorf("the cleared child is still in c's memory")
+	}
+	if resident(t, b.Host, grandchild) {
+		t.Errorf("the cleared child's child is still in b's memory")
+	}
+	if n := e.count(`SELECT count(*) FROM instances WHERE path LIKE $1`, child.String()+"%"); n != 0 {
+		t.Errorf("%d instance rows of the cleared tree remain", n)
+	}
+}
+
+// TestRemoteUndeliveredEndDeliveredOnTakeover kills the parent's node
+// after a run's end was recorded and before its finish hook ran there: the
+// node that takes the parent's shard over delivers the end at once, from
+// the end's own wake reason, though no client uses the parent and nothing
+// else of it is unfinished; the hook runs once (the killed node's never
+// wrote). (The end waited for the parent's next use.)
+func TestRemoteUndeliveredEndDeliveredOnTakeover(t *testing.T) {
+	e := newEnv(t)
+	a, b, _ := e.three()
+	name := e.fanName("a")
+	run := e.tagOn(name, "Worker", "hold-a-", "b") + "-0"
+	go func() {
+		var res map[string]any
+		_ = get(t, a.Host, "/agents/fan/"+name+"/run?class=Worker&id="+run, &res) // cut by the kill
+	}()
+	e.until(60*time.Second, "the run's end recorded, not delivered", func() bool {
+		return e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id = $1 AND status = 'completed' AND finish_delivered_at IS NULL`, run) == 1
+	})
+	if n := e.count(`SELECT count(*) FROM instance_wake WHERE reason = $1`, "agent-tool-finish:"+run); n != 1 {
+		t.Fatalf("%d wake reasons for the undelivered end, want 1", n)
+	}
+	_ = e.nodes["a"].Kill()
+	delete(e.nodes, "a")
+	e.until(60*time.Second, "the end delivered by the node that took the parent over", func() bool {
+		return e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id = $1 AND finish_delivered_at IS NOT NULL`, run) == 1
+	})
+	if n := e.count(`SELECT count(*) FROM instance_wake WHERE reason = $1`, "agent-tool-finish:"+run); n != 0 {
+		t.Errorf("%d wake reasons after the delivery, want 0", n)
+	}
+	var fin map[string]int
+	if err := get(t, b.Host, "/agents/fan/"+name+"/finishes", &fin); err != nil || fin["runs"] != 1 || fin["repeated"] != 0 || fin["status:completed"] != 1 {
+		t.Errorf("finish ledger %v (%v), want the run completed once", fin, err)
 	}
 }
 

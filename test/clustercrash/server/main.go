@@ -4,10 +4,11 @@
 // chunks with a delay), and records every OnAgentToolFinish in its own
 // table (fan_finishes: run id → how often it fired) so the tests can check
 // that each fired exactly once. A Prog child reports progress and
-// milestones; Pub and Clock children wait for input (an approval, a
-// client tool's output); the Fan's other operations (serveRemoteOps) dispatch
-// detached runs, cancel, clear and read its ledgers, and its
-// OnBeforeSubAgent gates drill-in (?drill=yes).
+// milestones, and a Nester child runs a Worker of its own; Pub and Clock
+// children wait for input (an approval, a client tool's output). The
+// Fan's other operations (serveRemoteOps) dispatch detached runs, cancel,
+// clear and read its ledgers, and its OnBeforeSubAgent gates drill-in
+// (?drill=yes).
 //
 //	server -addr 127.0.0.1:0 -postgres URL -node-id a -lease 2s -delay 20ms
 package main
@@ -15,6 +16,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -110,6 +112,21 @@ func (f *Fan) OnBeforeSubAgent(ctx context.Context, r *http.Request, class, name
 	return &agent.HTTPError{Status: http.StatusForbidden, Message: "drill-in refused by the parent"}
 }
 
+// Nester is a child that runs a Worker of its own (run id "g-" and its
+// own name) before it answers: a tree three deep.
+type Nester struct {
+	chat.Base
+}
+
+// OnChatMessage runs the grandchild and answers with its summary.
+func (n *Nester) OnChatMessage(ctx context.Context, t *chat.Turn) error {
+	res, err := agenttool.RunAgentTool(ctx, n, "Worker", agenttool.RunOptions{RunID: "g-" + n.Name(), Input: "work"})
+	if err != nil {
+		return err
+	}
+	return t.WriteText("nested: " + res.Summary)
+}
+
 // Prog is a child that reports progress and milestones while it works:
 // progress 0.25, milestone "half", progress 0.5, milestone "most",
 // progress 1, each step a pause apart, then its answer.
@@ -186,8 +203,14 @@ func (c *Clock) Tools() []chat.Tool {
 	return []chat.Tool{chat.NewClientTool[struct{}]("get_local_time", "The local time.")}
 }
 
-// OnAgentToolFinish counts the finish of a run.
+// OnAgentToolFinish counts the finish of a run. On node n the hook of a
+// run named hold-n-… waits until the node stops (the test kills it), so
+// the run's end is recorded and not delivered there.
 func (f *Fan) OnAgentToolFinish(ctx context.Context, run agenttool.Run, res agenttool.Result) {
+	if strings.HasPrefix(run.RunID, "hold-"+f.node+"-") {
+		<-ctx.Done()
+		return
+	}
 	err := f.Storage().Update(ctx, func(s *agent.SQL) error {
 		_, err := s.Exec(`INSERT INTO {fan_finishes} (run_id, n, status, history) VALUES (?, 1, ?, ?)
 			ON CONFLICT (run_id) DO UPDATE SET n = {fan_finishes}.n + 1, status = excluded.status,
@@ -246,7 +269,23 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		http.Error(w, "bad n", http.StatusBadRequest)
 		return
 	}
-	tag := r.URL.Query().Get("tag")
+	statuses := f.fanOut(ctx, n, r.URL.Query().Get("tag"))
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(statuses)
+}
+
+// FanOut is the callable fanOut(n, tag): the fan-out of OnRequest over
+// RPC, for the npm AgentClient.
+func (f *Fan) FanOut(ctx context.Context, n int, tag string) (map[string]int, error) {
+	if n < 0 || n > 10000 {
+		return nil, errors.New("bad n")
+	}
+	return f.fanOut(ctx, n, tag), nil
+}
+
+// fanOut awaits n runs of Worker with run ids tag-i and counts their
+// statuses.
+func (f *Fan) fanOut(ctx context.Context, n int, tag string) map[string]int {
 	statuses := map[string]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -269,8 +308,7 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}()
 	}
 	_ = agent.Await(ctx, func() error { wg.Wait(); return nil })
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(statuses)
+	return statuses
 }
 
 // serveRemoteOps serves the operations of the cross-node tests:
@@ -394,12 +432,14 @@ func main() {
 		agenttool.Install(rt, agenttool.Options{Remote: remote, RemotePoll: *poll})
 		worker := scripted.New(scripted.WithChunkSize(4), scripted.WithDelay(*delay),
 			scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("done done done done")})))
-		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker, node: *nodeID} }, Public: true})
+		rt.MustRegister(agent.Class{Name: "Fan", New: func() agent.Agent { return &Fan{m: worker, node: *nodeID} }, Public: true,
+			Callable: []string{"fanOut"}})
 		rt.MustRegister(echochat.Class(echochat.Options{Delay: 20 * time.Millisecond}))
 		rt.MustRegister(agent.Class{Name: "Worker", New: func() agent.Agent { return &Worker{m: worker} }})
 		rt.MustRegister(agent.Class{Name: "Prog", New: func() agent.Agent { return &Prog{step: *step} }})
 		rt.MustRegister(agent.Class{Name: "Pub", New: func() agent.Agent { return &Pub{} }})
 		rt.MustRegister(agent.Class{Name: "Clock", New: func() agent.Agent { return &Clock{} }})
+		rt.MustRegister(agent.Class{Name: "Nester", New: func() agent.Agent { return &Nester{} }})
 		rt.MustRegister(tickerClass(*nodeID))
 		// debug/resident?path= says whether this node holds the instance
 		// in memory.
