@@ -453,7 +453,9 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 	h.mu.Unlock()
 	defer func() {
 		h.mu.Lock()
-		delete(h.live, row.RunID)
+		if h.live[row.RunID] == lr {
+			delete(h.live, row.RunID)
+		}
 		h.mu.Unlock()
 		close(lr.done)
 	}()
@@ -664,6 +666,25 @@ func (h *host) await(ctx context.Context, row runRow, child agent.Agent, cr *chi
 		insp = &in
 	} else {
 		insp, err = ch.inspectChild(bg, row.RunID)
+	}
+	if err == nil && insp != nil && insp.Status.Active() && gaveUp == "" && runCtx.Err() == nil {
+		childPath := agent.BaseOf(child).Path()
+		if r := h.remote(childPath); r != nil {
+			// The child's shard moved to another node while its turn ran
+			// here: the turn ended without recording the run's end, and
+			// the new owner recovers it. Follow the run there, as this
+			// registration's successor (nothing else awaits it meanwhile
+			// but through waitLive, which reads the run's end).
+			h.mu.Lock()
+			if h.live[row.RunID] == lr {
+				delete(h.live, row.RunID)
+			}
+			h.mu.Unlock()
+			h.publish(ctx, "agent-tool:child-moved", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
+			// The child has a record of the run, so the follower never
+			// needs the input to start it again.
+			return h.awaitRemote(ctx, row, childPath, insp.RequestID, nil, r)
+		}
 	}
 	var res Result
 	switch {
