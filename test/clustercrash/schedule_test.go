@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,18 +17,28 @@ import (
 )
 
 // post sends an empty POST to a node and fails the test unless it is
-// answered 2xx.
+// answered 2xx. A 503 with Retry-After (a shard being handed over) is
+// asked again, as get does.
 func post(t *testing.T, host, path string) {
 	t.Helper()
 	c := &http.Client{Timeout: 60 * time.Second}
-	resp, err := c.Post("http://"+host+path, "application/json", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := c.Post("http://"+host+path, "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" && time.Now().Before(deadline) {
+			t.Logf("POST %s: 503 %s; asking again", path, strings.TrimSpace(string(body)))
+			time.Sleep(200 * time.Millisecond) // the client's back-off, shorter than Retry-After's 1 s
+			continue
+		}
+		if resp.StatusCode/100 != 2 {
+			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
+		}
+		return
 	}
 }
 
