@@ -24,6 +24,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRoute$$' -fuzztime $(FUZZTIME) ./server
 	$(GO) test -run '^$$' -fuzz '^FuzzToolInput$$' -fuzztime $(FUZZTIME) ./chat
 	$(GO) test -run '^$$' -fuzz '^FuzzEncodeFrame$$' -fuzztime $(FUZZTIME) ./agenttool
+	$(GO) test -run '^$$' -fuzz '^FuzzEncodeMatchesReference$$' -fuzztime $(FUZZTIME) ./chat/message
+	$(GO) test -run '^$$' -fuzz '^FuzzAppendRaw$$' -fuzztime $(FUZZTIME) ./internal/jsonenc
 
 npm:
 	cd test/npm && npm ci --no-audit --no-fund --loglevel=error
