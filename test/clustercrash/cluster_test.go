@@ -157,29 +157,39 @@ func (e *env) fanNameFrom(id string, from int) string {
 	return ""
 }
 
-// get GETs path from host and decodes its JSON answer into out. A 503 with
-// Retry-After (the agent's shard is being handed over, or its
-// owner is unreachable for now) is asked again, as a client does, for up
-// to 30 s: such a refusal comes before the request is handled.
+// get GETs path from host and decodes its JSON answer into out; see
+// askAgain for a 503.
 func get(t *testing.T, host, path string, out any) error {
 	c := &http.Client{Timeout: 120 * time.Second}
+	status, body, err := askAgain(t, "GET "+path, func() (*http.Response, error) { return c.Get("http://" + host + path) })
+	if err != nil {
+		return err
+	}
+	if status != http.StatusOK {
+		return fmt.Errorf("GET %s: %d %s", path, status, body)
+	}
+	return json.Unmarshal(body, out)
+}
+
+// askAgain sends a request until it is answered with something other than
+// a 503 with Retry-After (the agent's shard is being handed over, or its
+// owner is unreachable for now), as a client does, for up to 30 s: such a
+// refusal comes before the request is handled.
+func askAgain(t *testing.T, what string, send func() (*http.Response, error)) (int, []byte, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		resp, err := c.Get("http://" + host + path)
+		resp, err := send()
 		if err != nil {
-			return err
+			return 0, nil, err
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" && time.Now().Before(deadline) {
-			t.Logf("GET %s: 503 %s; asking again", path, bytes.TrimSpace(body))
+			t.Logf("%s: 503 %s; asking again", what, bytes.TrimSpace(body))
 			time.Sleep(200 * time.Millisecond) // the client's back-off, shorter than Retry-After's 1 s
 			continue
 		}
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET %s: %d %s", path, resp.StatusCode, body)
-		}
-		return json.Unmarshal(body, out)
+		return resp.StatusCode, body, nil
 	}
 }
 

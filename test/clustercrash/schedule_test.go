@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,28 +15,18 @@ import (
 )
 
 // post sends an empty POST to a node and fails the test unless it is
-// answered 2xx. A 503 with Retry-After (a shard being handed over) is
-// asked again, as get does.
+// answered 2xx (a 503 is asked again, see askAgain).
 func post(t *testing.T, host, path string) {
 	t.Helper()
 	c := &http.Client{Timeout: 60 * time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := c.Post("http://"+host+path, "application/json", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" && time.Now().Before(deadline) {
-			t.Logf("POST %s: 503 %s; asking again", path, strings.TrimSpace(string(body)))
-			time.Sleep(200 * time.Millisecond) // the client's back-off, shorter than Retry-After's 1 s
-			continue
-		}
-		if resp.StatusCode/100 != 2 {
-			t.Fatalf("POST %s: %d %s", path, resp.StatusCode, body)
-		}
-		return
+	status, body, err := askAgain(t, "POST "+path, func() (*http.Response, error) {
+		return c.Post("http://"+host+path, "application/json", nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status/100 != 2 {
+		t.Fatalf("POST %s: %d %s", path, status, body)
 	}
 }
 
