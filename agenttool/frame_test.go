@@ -7,22 +7,41 @@ import (
 )
 
 // FuzzEncodeFrame checks that encodeFrame writes exactly what json.Marshal
-// writes, for chunk frames (the fast path) and any other event.
+// writes, for every field of an event, and fails where it fails.
 func FuzzEncodeFrame(f *testing.F) {
-	f.Add("call_1", "r1", `{"type":"text-delta","id":"t","delta":"a<b>&c"}`, int64(7), true, "chunk")
-	f.Add("", "r\u2028", "\x00\x1f\"\\\n\r\t\b\f\u2029\xff\xfe é 😀", int64(-1), false, "chunk")
-	f.Add("p", "r", "", int64(0), true, "finished")
-	f.Fuzz(func(t *testing.T, parent, run, body string, seq int64, replay bool, kind string) {
-		fr := Frame{Type: FrameType, ParentToolCallID: parent, Sequence: seq, Replay: replay, Event: Event{Kind: kind, RunID: run, Body: body}}
-		want, err := json.Marshal(fr)
-		if err != nil {
-			t.Fatal(err)
+	f.Add("call_1", "r1", `{"type":"text-delta","id":"t","delta":"a<b>&c"}`, int64(7), true, "chunk", "", []byte(nil), int64(0), false, "", false, "", "", uint8(0), "", "")
+	f.Add("", "r\u2028", "\x00\x1f\"\\\n\r\t\b\f\u2029\xff\xfe é 😀", int64(-1), false, "chunk", "", []byte(nil), int64(0), false, "", false, "", "", uint8(0), "", "")
+	f.Add("p", "r", "", int64(0), true, "started", "Researcher", []byte(`{ "query": "<q>" }`), int64(3), true, "", false, "", "", uint8(0), "label", "A & B")
+	f.Add("p", "r", "", int64(29), true, "finished", "", []byte(nil), int64(0), false, "done\u2028", true, "", "", uint8(0), "", "")
+	f.Add("", "r", "", int64(1796172059195), true, "interrupted", "", []byte(nil), int64(0), false, "", false, "gave up", "no-progress", uint8(2), "", "")
+	f.Add("", "r", "", int64(0), false, "started", "T", []byte(`{"a":`), int64(-5), true, "", false, "", "", uint8(1), "", "")
+	f.Fuzz(func(t *testing.T, parent, run, body string, seq int64, replay bool, kind, agentType string, preview []byte,
+		order int64, hasOrder bool, summary string, hasSummary bool, errMsg, reason string, still uint8, displayKey, displayValue string) {
+		ev := Event{Kind: kind, RunID: run, AgentType: agentType, Body: body, Error: errMsg, Reason: reason}
+		if preview != nil {
+			ev.InputPreview = json.RawMessage(preview)
 		}
+		if hasOrder {
+			o := int(order)
+			ev.Order = &o
+		}
+		if hasSummary {
+			ev.Summary = &summary
+		}
+		if still%3 != 0 {
+			b := still%3 == 1
+			ev.ChildStillRunning = &b
+		}
+		if displayKey != "" {
+			ev.Display = Display{displayKey: displayValue, "n": len(displayValue)}
+		}
+		fr := Frame{Type: FrameType, ParentToolCallID: parent, Sequence: seq, Replay: replay, Event: ev}
+		want, werr := json.Marshal(fr)
 		got, err := encodeFrame(fr)
-		if err != nil {
-			t.Fatal(err)
+		if (werr != nil) != (err != nil) {
+			t.Fatalf("encodeFrame error %v, json.Marshal error %v", err, werr)
 		}
-		if !bytes.Equal(got, want) {
+		if werr == nil && !bytes.Equal(got, want) {
 			t.Fatalf("encodeFrame = %s\njson.Marshal = %s", got, want)
 		}
 	})

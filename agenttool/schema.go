@@ -104,4 +104,14 @@ var migrations = []store.Migration{{
 	// another node of a cluster reads it to tell waiting from silence.
 	Version:    6,
 	Statements: []string{`ALTER TABLE agent_tool_child_runs ADD COLUMN waiting_json TEXT`},
+}, {
+	// The registry is listed in start order with the run id breaking ties
+	// (queryRuns): an index in that whole order lets a connect replay read
+	// the runs without sorting them first. It replaces the index on
+	// (instance_id, started_at), which it covers.
+	Version: 7,
+	Statements: []string{
+		`CREATE INDEX IF NOT EXISTS agent_tool_runs_order ON agent_tool_runs(instance_id, started_at, run_id)`,
+		`DROP INDEX IF EXISTS agent_tool_runs_started`,
+	},
 }}

@@ -18,6 +18,7 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECKOUT=$(cd "$HERE/../.." && pwd)
+. "$HERE/lib.sh"
 WORK=${WORK:-${TMPDIR:-/tmp}/agentry-ab}
 ROUNDS=${ROUNDS:-3} AG_PORT=${AG_PORT:-18821}
 export SEQ=${SEQ:-200} WARM=${WARM:-20} NOOP=${NOOP:-200} FAN=${FAN:-100:3} REPLAY_REPS=1
@@ -26,13 +27,7 @@ mkdir -p "$WORK/bin" "$WORK/res"
 
 # the reference's driver with its npm packages (kept while the lock file is unchanged)
 CF=$WORK/cf
-stamp=$(cat "$HERE/reference/package.json" "$HERE/reference/package-lock.json" | sha256sum | cut -c1-16)
-if [ ! -f "$CF/.npm-ci-$stamp" ]; then
-  rm -rf "$CF" && mkdir -p "$CF"
-  (cd "$HERE/reference" && tar cf - --exclude=node_modules --exclude=.wrangler --exclude=results .) | (cd "$CF" && tar xf -)
-  (cd "$CF" && npm ci --no-audit --no-fund >"$WORK/npm-ci.log" 2>&1) || { cat "$WORK/npm-ci.log" >&2; exit 1; }
-  touch "$CF/.npm-ci-$stamp"
-fi
+cf_harness "$HERE/reference" "$CF" || { echo "ab.sh: npm ci failed" >&2; exit 1; }
 cp "$HERE/reference/bench.mjs" "$CF/bench.mjs"
 
 # one build per revision, from a detached worktree of this checkout

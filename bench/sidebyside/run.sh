@@ -25,6 +25,7 @@
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECKOUT=$(cd "$HERE/../.." && pwd)
+. "$HERE/lib.sh"
 if ! grep -q '^module github.com/agentry/agentry$' "$CHECKOUT/go.mod" 2>/dev/null; then
   echo "run.sh: $CHECKOUT is not a checkout of github.com/agentry/agentry" >&2; exit 2
 fi
@@ -57,18 +58,8 @@ if ! (cd "$CHECKOUT" && go build -o "$BIN" ./bench/sidebyside/agentry-ref) >"$RU
 fi
 
 # ---- 2. the reference harness: a copy with npm ci (node_modules kept while the lock file is unchanged) ----
-stamp=$(cat "$CF_SRC/package.json" "$CF_SRC/package-lock.json" | sha256sum | cut -c1-16)
-if [ ! -f "$CF/.npm-ci-$stamp" ]; then
-  log "npm ci in $CF"
-  rm -rf "$CF" && mkdir -p "$CF"
-  (cd "$CF_SRC" && tar cf - --exclude=node_modules --exclude=.wrangler --exclude=results .) | (cd "$CF" && tar xf -)
-  if ! (cd "$CF" && npm ci --no-audit --no-fund) >"$RUN/npm-ci.log" 2>&1; then
-    cat "$RUN/npm-ci.log" >&2; echo "run.sh: npm ci failed" >&2; exit 1
-  fi
-  touch "$CF/.npm-ci-$stamp"
-else
-  (cd "$CF_SRC" && tar cf - --exclude=node_modules --exclude=.wrangler --exclude=results .) | (cd "$CF" && tar xf -)
-fi
+log "reference harness in $CF"
+cf_harness "$CF_SRC" "$CF" || { echo "run.sh: npm ci failed" >&2; exit 1; }
 cmp -s "$CF_SRC/bench.mjs" "$CF/bench.mjs" || { echo "run.sh: bench.mjs copy differs" >&2; exit 1; }
 log "driver: $CF/bench.mjs sha256 $(sha256sum "$CF/bench.mjs" | cut -c1-16) (unchanged copy of $CF_SRC/bench.mjs)"
 log "versions: node $(node --version), wrangler $(cd "$CF" && npx wrangler --version 2>/dev/null | tail -1), $("$CF/node_modules/@cloudflare/workerd-linux-64/bin/workerd" --version), $(go version | cut -d' ' -f3)"

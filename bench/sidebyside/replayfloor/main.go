@@ -1,0 +1,140 @@
+// Command replayfloor measures what the npm client alone costs for a
+// connect replay, without any server work: it records the frames a running
+// server sends to a new WebSocket connection, then serves those exact
+// frames to every new connection, framed in advance and written in one
+// piece, so that the time from dial to the last frame is the client's own
+// (the npm AgentClient and the driver's handler, parsing every frame).
+//
+//	replayfloor -record ws://127.0.0.1:18811/agents/assistant/p/ws -out frames.ws
+//	replayfloor -serve 127.0.0.1:18831 -frames frames.ws
+//
+// With -record it reads text frames until none has arrived for -quiet and
+// writes them, already framed as unmasked WebSocket text frames, to -out;
+// it prints the frame count and their bytes. With -serve it answers every
+// WebSocket upgrade on any path by writing the recorded frames and then
+// discarding what the client sends until it closes. It is a benchmark
+// tool for loopback use, not a server.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha1"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+func main() {
+	record := flag.String("record", "", "WebSocket URL to record a connect replay from")
+	out := flag.String("out", "frames.ws", "where -record writes the framed replay")
+	quiet := flag.Duration("quiet", time.Second, "with -record: stop after this long without a frame")
+	serve := flag.String("serve", "", "loopback address to serve a recorded replay on")
+	frames := flag.String("frames", "frames.ws", "with -serve: the recorded replay")
+	flag.Parse()
+	var err error
+	switch {
+	case *record != "":
+		err = recordReplay(context.Background(), *record, *out, *quiet)
+	case *serve != "":
+		err = serveReplay(*serve, *frames)
+	default:
+		err = errors.New("give -record URL or -serve ADDR")
+	}
+	if err != nil {
+		log.Fatalf("replayfloor: %v", err)
+	}
+}
+
+// recordReplay dials url and writes every text frame it receives, framed
+// for sending, to path, until no frame has come for quiet.
+func recordReplay(ctx context.Context, url, path string, quiet time.Duration) error {
+	c, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", url, err)
+	}
+	defer c.CloseNow()
+	c.SetReadLimit(16 << 20)
+	var framed []byte
+	var n, size int
+	for {
+		rctx, cancel := context.WithTimeout(ctx, quiet)
+		typ, msg, err := c.Read(rctx)
+		cancel()
+		if err != nil {
+			if rctx.Err() != nil {
+				break
+			}
+			return fmt.Errorf("read frame %d: %w", n+1, err)
+		}
+		if typ != websocket.MessageText {
+			continue
+		}
+		framed = appendTextFrame(framed, msg)
+		n++
+		size += len(msg)
+	}
+	if err := os.WriteFile(path, framed, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	fmt.Printf("recorded %d frames, %d bytes of payload, to %s\n", n, size, path)
+	return nil
+}
+
+// appendTextFrame appends msg as one unmasked, final WebSocket text frame.
+func appendTextFrame(b, msg []byte) []byte {
+	b = append(b, 0x81)
+	switch {
+	case len(msg) < 126:
+		b = append(b, byte(len(msg)))
+	case len(msg) <= 0xffff:
+		b = append(b, 126)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
+	default:
+		b = append(b, 127)
+		b = binary.BigEndian.AppendUint64(b, uint64(len(msg)))
+	}
+	return append(b, msg...)
+}
+
+// serveReplay answers every WebSocket upgrade on addr with the framed
+// replay recorded in path, written at once.
+func serveReplay(addr, path string) error {
+	framed, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Sec-WebSocket-Key")
+		if key == "" {
+			http.Error(w, "a WebSocket upgrade only", http.StatusBadRequest)
+			return
+		}
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		sum := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+		fmt.Fprintf(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+			base64.StdEncoding.EncodeToString(sum[:]))
+		if err := rw.Flush(); err != nil {
+			return
+		}
+		if _, err := conn.Write(framed); err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, bufio.NewReader(conn))
+	})
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	return srv.ListenAndServe()
+}
