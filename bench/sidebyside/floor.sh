@@ -12,7 +12,9 @@
 # recorded frames from replayfloor -serve (framed in advance, written in
 # one piece) and then measures both servers in interleaved rounds with
 # replay-floor.mjs. The "floor" figure is what no server can go below with
-# these frames; the difference is the server's share.
+# these frames; the difference is the server's share. Last, replayfloor
+# -measure times the same replays with a Go client, which reads far faster
+# than the npm client: the server's own pace.
 #
 # Knobs (environment): N (1000), ROUNDS (3), REPS (10),
 # WORK (${TMPDIR:-/tmp}/agentry-floor), AG_PORT (18831), FLOOR_PORT (18832).
@@ -49,5 +51,10 @@ for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$FLOOR_PORT/" &
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
 (cd "$CF" && node replay-floor.mjs "$parent" "agentry=127.0.0.1:$AG_PORT" "floor=127.0.0.1:$FLOOR_PORT")
 rc=$?
+for label in agentry floor; do
+  port=$AG_PORT; [ $label = floor ] && port=$FLOOR_PORT
+  echo -n "$label, "
+  "$WORK/replayfloor" -measure "ws://127.0.0.1:$port/agents/assistant/$parent" -frames "$WORK/frames.ws" -reps $((ROUNDS * REPS)) || rc=1
+done
 echo "load $(cut -d' ' -f1-3 /proc/loadavg)"
 exit $rc
