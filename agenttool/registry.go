@@ -175,6 +175,11 @@ func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detached
 	return inserted, exists, err
 }
 
+// countInFlight counts a parent's runs in flight, for the concurrency cap.
+// Its condition is the partial index agent_tool_runs_active's, written the
+// same way, so that SQLite and PostgreSQL count through that index.
+const countInFlight = `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND status IN ('starting', 'running')`
+
 // insertRunTx is insertRun's writes in tx; the row gets r.Status.
 func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive int, det detachedCols) (inserted, exists bool, err error) {
 	display, _ := marshalOrNil(r.Display)
@@ -205,18 +210,24 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 			exists = true
 			return nil
 		}
-		limit := int64(1) << 62
-		if maxActive > 0 {
-			limit = int64(maxActive)
-		}
-		res, err := tx.Exec(ctx, `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
+		const insert = `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
 				status, display_metadata, display_order, started_at, detached, detached_on_finish, detached_notify,
 				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones, token_budget, trace_parent)
-			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
-			WHERE (SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND status IN ('starting', 'running')) < ?`,
-			h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
+			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+		args := []any{h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
 			r.Status, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
-			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), nullStr(agent.TraceParent(ctx)), h.iid, limit)
+			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), nullStr(agent.TraceParent(ctx))}
+		query := insert
+		if maxActive > 0 {
+			// The cap counts the runs in flight through the partial index
+			// agent_tool_runs_active (its condition written the same way),
+			// not the whole registry. Without a cap nothing is counted:
+			// a parent with many retained runs dispatches as fast as a
+			// new one.
+			query += ` WHERE (` + countInFlight + `) < ?`
+			args = append(args, h.iid, maxActive)
+		}
+		res, err := tx.Exec(ctx, query, args...)
 		if err != nil {
 			return err
 		}

@@ -109,9 +109,14 @@ var migrations = []store.Migration{{
 	// (queryRuns): an index in that whole order lets a connect replay read
 	// the runs without sorting them first. It replaces the index on
 	// (instance_id, started_at), which it covers.
+	//
+	// agent_tool_runs_active holds only the runs in flight, so that the
+	// concurrency cap of a dispatch counts those and not every retained
+	// run of the parent (insertRunTx).
 	Version: 7,
 	Statements: []string{
 		`CREATE INDEX IF NOT EXISTS agent_tool_runs_order ON agent_tool_runs(instance_id, started_at, run_id)`,
 		`DROP INDEX IF EXISTS agent_tool_runs_started`,
+		`CREATE INDEX IF NOT EXISTS agent_tool_runs_active ON agent_tool_runs(instance_id) WHERE status IN ('starting', 'running')`,
 	},
 }}

@@ -186,17 +186,21 @@ func checkResearch(res agenttool.Result, err error) error {
 //
 //   - direct/workers=N: N goroutines call RunAgentTool in-process on one
 //     parent (no client connected).
+//   - direct/workers=1/retained=5000: one goroutine, on a parent that
+//     already holds 5,000 finished runs in its registry: a dispatch costs
+//     what it costs on a new parent (nothing scans the registry).
 //   - ws-rpc: a WebSocket client calls the parent's callable runOnce over RPC,
 //     one call at a time, like the reference's "single awaited run, WS RPC";
 //     the client also receives the run's 28 live agent-tool-event frames.
 func BenchmarkAgentToolAwaited(b *testing.B) {
 	for _, w := range []int{1, 4, 16} {
-		b.Run(fmt.Sprintf("direct/workers=%d", w), func(b *testing.B) { benchAwaitedDirect(b, w) })
+		b.Run(fmt.Sprintf("direct/workers=%d", w), func(b *testing.B) { benchAwaitedDirect(b, w, 0) })
 	}
+	b.Run("direct/workers=1/retained=5000", func(b *testing.B) { benchAwaitedDirect(b, 1, 5000) })
 	b.Run("ws-rpc", benchAwaitedRPC)
 }
 
-func benchAwaitedDirect(b *testing.B, workers int) {
+func benchAwaitedDirect(b *testing.B, workers, retained int) {
 	e := startToolEnv(b, newToolKit())
 	p := getParent(b, e, "awaited")
 	ctx := context.Background()
@@ -204,6 +208,22 @@ func benchAwaitedDirect(b *testing.B, workers int) {
 	if err := checkResearch(p.RunOnce(ctx)); err != nil {
 		b.Fatal(err)
 	}
+	// The retained runs, made 16 at a time.
+	var made atomic.Int64
+	var fill sync.WaitGroup
+	for range min(retained, 16) {
+		fill.Add(1)
+		go func() {
+			defer fill.Done()
+			for made.Add(1) <= int64(retained) {
+				if err := checkResearch(p.RunOnce(ctx)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	fill.Wait()
 	lat := make([]time.Duration, b.N)
 	u0, v0 := e.db.updates.Load(), e.db.views.Load()
 	s0 := e.storeStats()
