@@ -299,16 +299,17 @@ func (h *host) writeTerminal(ctx context.Context, row runRow, res Result, mark i
 	return won, marks, late, err
 }
 
+// storedStreamQuery reads a run's stored stream from a sequence on: the
+// child instance's path, the run id and the first sequence.
+const storedStreamQuery = `SELECT ch.seq, ch.body FROM instances i CROSS JOIN ` + childChunksFrom + `
+		WHERE i.path = ? AND c.instance_id = i.id AND c.run_id = ? AND ` + childChunksOn + `
+		AND ch.seq >= ? ORDER BY ch.seq`
+
 // storedStreamFrom returns the stored chunks with a sequence from seq on
 // of the stream of run runID of the child instance at path child (its
 // turn's and its continuations'), in order.
 func storedStreamFrom(ctx context.Context, tx store.Tx, child, runID string, seq int) ([]chunk, error) {
-	rows, err := tx.Query(ctx, `SELECT ch.seq, ch.body FROM instances i
-		JOIN agent_tool_child_runs c ON c.instance_id = i.id AND c.run_id = ?
-		JOIN chat_streams s0 ON s0.instance_id = i.id AND s0.id = c.request_id
-		JOIN chat_streams s ON s.instance_id = i.id AND s.message_id = s0.message_id AND s.retain = 1
-		JOIN chat_chunks ch ON ch.instance_id = i.id AND ch.stream_id = s.id
-		WHERE i.path = ? AND ch.seq >= ? ORDER BY ch.seq`, runID, child, seq)
+	rows, err := tx.Query(ctx, storedStreamQuery, child, runID, seq)
 	if err != nil {
 		return nil, fmt.Errorf("agenttool: read the run's stored stream: %w", err)
 	}

@@ -263,34 +263,42 @@ type chunk struct {
 // chunkGroups reads the stored stream chunks of every child run of this
 // parent in one query, run by run.
 func (h *host) chunkGroups(ctx context.Context, tx store.Tx) (*chunkReader, error) {
-	// A run's stream is its turn's, and those of the continuations that
-	// its waits for input led to (they write the same message and continue
-	// its sequence). Without an ORDER BY (which made SQLite sort every
-	// chunk of every run in a temporary B-tree), the rows come in the
-	// primary key's order, child by child.
-	//
-	// CROSS JOIN fixes SQLite's join order to the one written: a child's
-	// streams, then each stream's chunks by the chunks' primary key.
-	// Left to itself, SQLite read every chunk of the child and looked its
-	// stream up for each, one index search per chunk (twice the time for
-	// a replay of 1,000 runs). PostgreSQL plans a CROSS JOIN with these
-	// conditions as the inner join it is.
-	rows, err := tx.Query(ctx, `SELECT c.run_id, ch.seq, ch.body
-		FROM instances i
-		CROSS JOIN agent_tool_child_runs c
-		CROSS JOIN chat_streams s0
-		CROSS JOIN chat_streams s
-		CROSS JOIN chat_chunks ch
-		WHERE i.parent_id = ?
-			AND c.instance_id = i.id AND c.run_id = i.name
-			AND s0.instance_id = c.instance_id AND s0.id = c.request_id
-			AND s.instance_id = c.instance_id AND s.message_id = s0.message_id AND s.retain = 1
-			AND ch.instance_id = c.instance_id AND ch.stream_id = s.id`, h.iid)
+	// Without an ORDER BY (which made SQLite sort every chunk of every
+	// run in a temporary B-tree), the rows come in the primary key's
+	// order, child by child.
+	rows, err := tx.Query(ctx, chunkGroupsQuery, h.iid)
 	if err != nil {
 		return nil, err
 	}
 	return &chunkReader{rows: rows}, nil
 }
+
+// childChunksFrom and childChunksOn join a child's record of a run (c, in
+// agent_tool_child_runs) to the chunks (ch) of the run's stream: its
+// turn's, and those of the continuations that its waits for input led to
+// (they write the same message and continue its sequence).
+//
+// CROSS JOIN fixes SQLite's join order to the one written: the child's
+// streams, then each stream's chunks by the chunks' primary key. Left to
+// itself, SQLite read every chunk of the child and looked its stream up
+// for each, one index search per chunk (twice the time for a replay of
+// 1,000 runs). PostgreSQL plans a CROSS JOIN with these conditions as the
+// inner join it is.
+const (
+	childChunksFrom = `agent_tool_child_runs c
+		CROSS JOIN chat_streams s0
+		CROSS JOIN chat_streams s
+		CROSS JOIN chat_chunks ch`
+	childChunksOn = `s0.instance_id = c.instance_id AND s0.id = c.request_id
+		AND s.instance_id = c.instance_id AND s.message_id = s0.message_id AND s.retain = 1
+		AND ch.instance_id = c.instance_id AND ch.stream_id = s.id`
+)
+
+// chunkGroupsQuery reads the chunks of every child run of the parent whose
+// instance id it is given.
+const chunkGroupsQuery = `SELECT c.run_id, ch.seq, ch.body
+		FROM instances i CROSS JOIN ` + childChunksFrom + `
+		WHERE i.parent_id = ? AND c.instance_id = i.id AND c.run_id = i.name AND ` + childChunksOn
 
 // chunkReader hands out the rows of chunkGroups one run at a time.
 type chunkReader struct {
