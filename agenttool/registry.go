@@ -210,14 +210,13 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 			exists = true
 			return nil
 		}
-		const insert = `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
+		query := `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
 				status, display_metadata, display_order, started_at, detached, detached_on_finish, detached_notify,
 				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones, token_budget, trace_parent)
 			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
 		args := []any{h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
 			r.Status, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
 			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), nullStr(agent.TraceParent(ctx))}
-		query := insert
 		if maxActive > 0 {
 			// The cap counts the runs in flight through the partial index
 			// agent_tool_runs_active (its condition written the same way),
