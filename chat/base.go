@@ -64,6 +64,7 @@ type core struct {
 	admitted   map[*agent.Conn]bool   // connections the layer has greeted
 	pending    map[*agent.Conn]string // offered a stream, not yet acknowledged
 	awaiting   map[*agent.Conn]bool   // told "pending"; offered the next stream when it starts
+	probed     map[*agent.Conn]bool   // have sent a resume probe: their chat listens
 	waiters    map[string][]chan TurnResult
 	follow     map[string]map[*follower]struct{} // stream id → live followers
 	ending     map[string]bool                   // canceled queued turns whose end is being recorded
@@ -97,6 +98,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 	c := &core{
 		b: b, self: self, rt: rt, iid: b.InstanceID(), cfg: configOf(rt), log: b.Logger(),
 		pending: map[*agent.Conn]string{}, awaiting: map[*agent.Conn]bool{}, admitted: map[*agent.Conn]bool{},
+		probed:  map[*agent.Conn]bool{},
 		waiters: map[string][]chan TurnResult{},
 		follow:  map[string]map[*follower]struct{}{},
 		ending:  map[string]bool{},

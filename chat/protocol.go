@@ -36,6 +36,7 @@ func (b *Base) LayerClose(ctx context.Context, conn *agent.Conn) {
 	delete(c.admitted, conn)
 	delete(c.pending, conn)
 	delete(c.awaiting, conn)
+	delete(c.probed, conn)
 	c.mu.Unlock()
 }
 
@@ -186,9 +187,21 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 }
 
 // onResumeRequest answers a client's resume probe.
+//
+// A chat client sends its first probe once its listener is registered,
+// which can be well after the socket opened: useAgentChat mounts behind a
+// Suspense boundary that waits for get-messages, and the frames the socket
+// carried before then (the transcript on connect, the offer of a stream,
+// the transcript at that stream's end) reached no listener. Its history is
+// what get-messages answered, possibly before a turn that has ended since.
+// So the first probe of a connection, answered idle, is preceded by the
+// transcript. A probe answered otherwise needs none: the turn it offers or
+// announces ends with a transcript broadcast, which now has a listener.
 func (c *core) onResumeRequest(conn *agent.Conn, probeID string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	first := !c.probed[conn]
+	c.probed[conn] = true
 	switch t := c.active; {
 	case t != nil && t.started:
 		c.pending[conn] = t.row.ID
@@ -203,6 +216,9 @@ func (c *core) onResumeRequest(conn *agent.Conn, probeID string) {
 		c.awaiting[conn] = true
 		conn.SendRaw(encode(probeFrame{Type: framePending, ID: id, ProbeID: probeID}))
 	default:
+		if first {
+			conn.SendRaw(encode(messagesFrame{Type: frameMessages, Messages: nonNil(c.msgs)}))
+		}
 		conn.SendRaw(encode(probeFrame{Type: frameResumeNone, Reason: "idle", ProbeID: probeID}))
 	}
 }

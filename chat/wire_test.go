@@ -234,8 +234,12 @@ func TestResumeProtocol(t *testing.T) {
 
 	c1 := dial(t, env, path)
 	c1.handshake()
-	// Idle: nothing to resume.
+	// Idle: nothing to resume. The connection's first probe, answered
+	// idle, is preceded by the transcript.
 	c1.probe("p-idle")
+	if f := c1.expect("cf_agent_chat_messages"); len(f.Messages) != 0 {
+		t.Fatalf("transcript before the first idle answer %s", f.raw)
+	}
 	if f := c1.expect("cf_agent_stream_resume_none"); f.Reason != "idle" || f.ProbeID != "p-idle" {
 		t.Fatalf("idle probe answer %s", f.raw)
 	}
@@ -344,10 +348,76 @@ func TestResumeProtocol(t *testing.T) {
 	if !u.isResponse() || u.ID != "nope" || !u.Done || !u.Replay || u.Body != "" || u.Outcome != "" {
 		t.Fatalf("unknown stream ack answer %s", u.raw)
 	}
-	// And the probe is idle again.
+	// And the probe is idle again (c3's first: the transcript comes first).
 	c3.probe("p-end")
+	if f := c3.expect("cf_agent_chat_messages"); len(f.Messages) != 2 {
+		t.Fatalf("transcript before the first idle answer %s", f.raw)
+	}
 	if f := c3.expect("cf_agent_stream_resume_none"); f.ProbeID != "p-end" {
 		t.Fatalf("probe answer %s", f.raw)
+	}
+}
+
+// TestFirstProbeCarriesTheTranscript: a chat that starts listening late
+// (useAgentChat mounts behind a Suspense boundary that waits for
+// get-messages) has missed every frame since its socket opened, and its
+// history may predate a turn that ended since. Its connection's first
+// probe, answered idle, brings the transcript ahead of resume_none; a
+// later probe brings none, and neither does a first probe answered with a
+// stream (that stream's end broadcasts the transcript to a listener).
+func TestFirstProbeCarriesTheTranscript(t *testing.T) {
+	mclk := clockwork.NewFakeClock()
+	const delay = time.Second
+	m := scripted.New(scripted.WithChunkSize(4), scripted.WithClock(mclk), scripted.WithDelay(delay))
+	env, turns := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, chatClass("Streamer", &kit{model: m}))
+	const path = "/agents/streamer/late"
+	ctx := testCtx(t)
+
+	c1 := dial(t, env, path)
+	c1.handshake()
+	c1.request("req1", userMsgID("u1", "hello there"))
+	if err := mclk.BlockUntilContext(ctx, 1); err != nil { // held after the first event
+		t.Fatal(err)
+	}
+	c1.until(func(f wireFrame) bool { return f.isContent() })
+	// Both connect mid-turn: the transcript on connect holds the question
+	// alone, and the stream is offered. c2's chat does not listen yet;
+	// c3's probes.
+	c2, c3 := dial(t, env, path), dial(t, env, path)
+	for _, c := range []*wsClient{c2, c3} {
+		if f := c.handshake(); len(f.Messages) != 1 {
+			t.Fatalf("transcript on connect mid-turn %s", f.raw)
+		}
+		c.expect("cf_agent_stream_resuming")
+	}
+	c3.probe("p3")
+	if f := c3.expect("cf_agent_stream_resuming"); f.ProbeID != "p3" {
+		t.Fatalf("live probe answer %s", f.raw)
+	}
+	stop := pump(mclk, delay)
+	c1.until(isDone("req1"))
+	turns.wait(t, "turn", "stream", "req1")
+	stop()
+	ended := func(f wireFrame) bool { return f.Type == "cf_agent_chat_messages" && len(f.Messages) == 2 }
+	c2.until(ended) // the broadcast at the turn's end, which c2's chat missed
+	c3.until(ended)
+
+	c2.probe("p2")
+	f := c2.expect("cf_agent_chat_messages")
+	if len(f.Messages) != 2 || f.Messages[0].ID != "u1" || f.Messages[1].Role != message.RoleAssistant ||
+		!strings.Contains(dump(f.Messages[1:]), "You said: hello there") || f.Connect {
+		t.Fatalf("transcript before the first idle answer %s", f.raw)
+	}
+	if f := c2.expect("cf_agent_stream_resume_none"); f.Reason != "idle" || f.ProbeID != "p2" {
+		t.Fatalf("idle probe answer %s", f.raw)
+	}
+	c2.probe("p2-again")
+	if f := c2.expect("cf_agent_stream_resume_none"); f.ProbeID != "p2-again" {
+		t.Fatalf("second probe answer %s", f.raw)
+	}
+	c3.probe("p3-idle")
+	if f := c3.expect("cf_agent_stream_resume_none"); f.ProbeID != "p3-idle" {
+		t.Fatalf("idle probe after a live one %s", f.raw)
 	}
 }
 
@@ -415,6 +485,11 @@ func TestClientTranscriptReplacement(t *testing.T) {
 	c1, c2 := dial(t, env, path), dial(t, env, path)
 	c1.handshake()
 	c2.handshake()
+	// c1's chat listens (its first probe, answered idle, carries the
+	// transcript; see TestFirstProbeCarriesTheTranscript).
+	c1.probe("p0")
+	c1.expect("cf_agent_chat_messages")
+	c1.expect("cf_agent_stream_resume_none")
 	msgs := []message.Message{
 		userMsgID("m1", "question"),
 		{ID: "m2", Role: message.RoleAssistant, Parts: []message.Part{{Type: message.PartText, Text: "answer"}}},

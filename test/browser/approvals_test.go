@@ -1,10 +1,7 @@
 package browser
 
 import (
-	"bytes"
-	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -21,17 +18,9 @@ func TestPlaygroundApprovals(t *testing.T) {
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "approvals.mjs", base, shots)
-	cmd.Dir = dir()
-	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath)
-	cmd.WaitDelay = 10 * time.Second
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "PASS approvals") {
-		t.Fatalf("approvals.mjs: %v\n%s", err, out.String())
+	out, err := runNode(t, 3*time.Minute, "approvals.mjs", base, shots)
+	if err != nil || !strings.Contains(out, "PASS approvals") {
+		t.Fatalf("approvals.mjs: %v\n%s", err, out)
 	}
-	t.Logf("approvals.mjs:\n%s", out.String())
+	t.Logf("approvals.mjs:\n%s", out)
 }

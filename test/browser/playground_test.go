@@ -4,8 +4,6 @@
 package browser
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -73,6 +71,13 @@ func serveModels(t *testing.T, models *agentsastools.Models, search time.Duratio
 // filled in).
 func serveDemo(t *testing.T, o demo.Options) string {
 	t.Helper()
+	return serveDemoWrapped(t, o, nil)
+}
+
+// serveDemoWrapped starts the demo server with o, its handler wrapped by
+// wrap (nil: served as is).
+func serveDemoWrapped(t *testing.T, o demo.Options, wrap func(*demo.Demo, http.Handler) http.Handler) string {
+	t.Helper()
 	ctx := context.Background()
 	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
 	if err != nil {
@@ -89,7 +94,11 @@ func serveDemo(t *testing.T, o demo.Options) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	h := d.Handler()
+	if wrap != nil {
+		h = wrap(d, h)
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(ln) }()
 	t.Cleanup(func() {
@@ -110,6 +119,20 @@ func serveDemo(t *testing.T, o demo.Options) string {
 	return "http://" + ln.Addr().String()
 }
 
+// runNode runs a script of this folder with node against Chromium (in a
+// profile of its own), within timeout, and returns what it printed.
+func runNode(t *testing.T, timeout time.Duration, script string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
+	cmd.Dir = dir()
+	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath, "CHROMIUM_USER_DATA_DIR="+t.TempDir())
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
 // TestPlayground runs playground.mjs: research that streams and survives a
 // refresh, a comparison, drill-in with a follow-up, a background run that
 // reports back, a cancelled background run, and Clear. Screenshots go to
@@ -127,26 +150,16 @@ func TestPlayground(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "playground.mjs", fast, slow, shots)
-	cmd.Dir = dir()
-	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath, "CHROMIUM_USER_DATA_DIR="+t.TempDir())
-	cmd.WaitDelay = 10 * time.Second
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	err := cmd.Run()
-	sc := bufio.NewScanner(bytes.NewReader(out.Bytes()))
-	for sc.Scan() {
-		if p, ok := strings.CutPrefix(sc.Text(), "SCREENSHOT "); ok {
+	out, err := runNode(t, 4*time.Minute, "playground.mjs", fast, slow, shots)
+	for line := range strings.Lines(out) {
+		if p, ok := strings.CutPrefix(strings.TrimSpace(line), "SCREENSHOT "); ok {
 			t.Logf("screenshot: %s", p)
 		}
 	}
-	if err != nil || !strings.Contains(out.String(), "PASS playground") {
-		t.Fatalf("playground.mjs: %v\n%s", err, out.String())
+	if err != nil || !strings.Contains(out, "PASS playground") {
+		t.Fatalf("playground.mjs: %v\n%s", err, out)
 	}
-	t.Logf("playground.mjs:\n%s", out.String())
+	t.Logf("playground.mjs:\n%s", out)
 }
 
 // TestPlaygroundToken runs token.mjs against a demo server that requires
@@ -158,14 +171,8 @@ func TestPlaygroundToken(t *testing.T) {
 	requireBrowser(t)
 	const token = "browser-s3cret"
 	base := serveDemo(t, demo.Options{Models: agentsastools.Offline(5*time.Millisecond, nil), AuthToken: token})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "token.mjs", base, token, t.TempDir())
-	cmd.Dir = dir()
-	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath, "CHROMIUM_USER_DATA_DIR="+t.TempDir())
-	cmd.WaitDelay = 10 * time.Second
-	out, err := cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "PASS token") {
+	out, err := runNode(t, 2*time.Minute, "token.mjs", base, token, t.TempDir())
+	if err != nil || !strings.Contains(out, "PASS token") {
 		t.Fatalf("token.mjs: %v\n%s", err, out)
 	}
 	t.Logf("token.mjs:\n%s", out)
