@@ -842,6 +842,7 @@ func TestReconcileCadenceWhileRunning(t *testing.T) {
 	}
 	k.finishWorker(t, ctx)
 	k.waitCall(t, ctx, "done")
+	detDelivered(t, ctx, d, "w1", "finish") // recorded after OnDone returned
 	detTickNext(t, ctx, k, d, p)
 	if rs := detReconciles(t, p); len(rs) != 0 {
 		t.Fatalf("reconcile still scheduled: %+v", rs)
@@ -956,6 +957,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 	if done.Result.Status != agenttool.StatusCompleted {
 		t.Fatalf("OnDone got %+v", done.Result)
 	}
+	detDelivered(t, ctx, d, "s1", "finish") // recorded after OnDone returned
 	for range 5 {
 		if len(detReconciles(t, p)) == 0 {
 			break
@@ -1296,6 +1298,12 @@ func TestDetachedNotifyFormat(t *testing.T) {
 	detDispatch(t, ctx, p, "DetWorker", "loud", agenttool.DetachedOptions{Notify: true})
 	k.finishWorker(t, ctx)
 	msgs := ws.waitTranscript(ctx, "the model's answer", detHasReplyAfter("detached-finish:loud:completed"))
+	// A delivery is recorded after its callback returns: a reconcile tick
+	// in between finds the slot claimed, not delivered, and ticks again.
+	// On PostgreSQL the record can come after the notification's whole
+	// turn (the write queues behind the turn's own).
+	detDelivered(t, ctx, d, "quiet", "finish")
+	detDelivered(t, ctx, d, "loud", "finish")
 	got := detMessages(msgs, "detached-finish:")
 	if len(got) != 1 || chat.MessageText(got[0]) != "custom: loud completed detached summary" {
 		t.Fatalf("notify messages = %+v", got)

@@ -26,6 +26,8 @@ func TestOnPostgres(t *testing.T) {
 		"FinishDeliveredOnceAcrossRestarts": TestFinishDeliveredOnceAcrossRestarts,
 		"FinishDeliveryRefused":             TestFinishDeliveryRefusedWhenDeliveredMeanwhile,
 		"UndeliveredEndWakesItsParent":      TestUndeliveredEndWakesItsParent,
+		"DetachedNotifyFormat":              TestDetachedNotifyFormat,
+		"ReconcileAfterRestart":             TestReconcileAfterRestart,
 	} {
 		t.Run(name, test)
 	}
