@@ -45,7 +45,8 @@ type DB interface {
 	// the transaction must be ones a second run redoes harmlessly, such as
 	// assigning its results.
 	Update(ctx context.Context, fn func(Tx) error) error
-	// View runs fn in a read-only transaction.
+	// View runs fn in a read-only transaction whose statements all see
+	// one snapshot: a write that commits meanwhile is not seen by them.
 	View(ctx context.Context, fn func(Tx) error) error
 	// Dialect names the SQL engine ("sqlite", "postgres").
 	Dialect() string

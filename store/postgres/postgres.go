@@ -28,7 +28,9 @@
 // # Transactions
 //
 // Update runs its callback in a READ COMMITTED transaction (Options.Isolation
-// changes it) on a pooled connection. Nothing relies on a single writer:
+// changes it) on a pooled connection. View runs its callback in a read-only
+// REPEATABLE READ transaction: all its statements see one snapshot, as on
+// SQLite. Nothing relies on a single writer:
 // the framework's compare-and-set transitions are single guarded
 // statements, and its read-then-write steps (a concurrency cap, the next
 // sequence number) take a row lock first (SELECT … FOR UPDATE, a no-op on
@@ -335,7 +337,10 @@ func (db *DB) View(ctx context.Context, fn func(store.Tx) error) error {
 	defer conn.Close()
 	bg := context.WithoutCancel(ctx)
 	db.stats.roundTrips.Add(1)
-	sqlTx, err := conn.BeginTx(bg, &sql.TxOptions{ReadOnly: true})
+	// REPEATABLE READ: every statement of the View reads the snapshot of
+	// its first, as a SQLite read transaction does. A read-only
+	// transaction at this level never fails with a serialization error.
+	sqlTx, err := conn.BeginTx(bg, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
 	if err != nil {
 		return fmt.Errorf("postgres: begin read transaction: %w", err)
 	}

@@ -30,6 +30,7 @@ func Run(t *testing.T, open Open) {
 		{"CommitAndRollback", testCommitAndRollback},
 		{"Panic", testPanic},
 		{"ViewIsReadOnly", testViewIsReadOnly},
+		{"ViewSeesOneSnapshot", testViewSnapshot},
 		{"FailedStatementFailsTransaction", testFailedStatement},
 		{"IndependentConcurrentWriters", testIndependentWriters},
 		{"LockedReadModifyWrite", testLockedCounter},
@@ -147,6 +148,45 @@ func testViewIsReadOnly(t *testing.T, db store.DB) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM t`); n != 0 {
 		t.Fatal("a View's write landed")
+	}
+}
+
+// A View sees one snapshot: a write that commits while it runs is not seen
+// by its later statements. (A connection's replay lists a parent's runs and
+// then reads their chunks in one View; a terminal committed in between
+// must not reach it half.)
+func testViewSnapshot(t *testing.T, db store.DB) {
+	ctx := context.Background()
+	exec(t, db, `CREATE TABLE t (k TEXT PRIMARY KEY)`)
+	exec(t, db, `INSERT INTO t (k) VALUES (?)`, "a")
+	// Failures are returned, not raised with t.Fatal: the View's
+	// transaction must end before the test does.
+	var inserted error
+	err := db.View(ctx, func(tx store.Tx) error {
+		var first, second int64
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM t`).Scan(&first); err != nil {
+			return err
+		}
+		inserted = db.Update(ctx, func(w store.Tx) error {
+			_, err := w.Exec(ctx, `INSERT INTO t (k) VALUES (?)`, "b")
+			return err
+		})
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM t`).Scan(&second); err != nil {
+			return err
+		}
+		if first != 1 || second != 1 {
+			return fmt.Errorf("the View read %d rows, then %d after a write committed; want 1 both times", first, second)
+		}
+		return nil
+	})
+	if inserted != nil {
+		t.Fatalf("the write during the View: %v", inserted)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM t`); n != 2 {
+		t.Fatalf("after the View: %d rows, want 2", n)
 	}
 }
 
