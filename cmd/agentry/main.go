@@ -144,7 +144,7 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 			logger.Warn("telemetry shutdown", "err", err)
 		}
 	}()
-	db, err := sqlite.Open(ctx, filepath.Join(*data, "agentry.db"))
+	db, err := sqlite.OpenOptions(ctx, filepath.Join(*data, "agentry.db"), sqlite.Options{Logger: logger})
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"log/slog"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -26,16 +27,20 @@ type checkpointer struct {
 	clock clockwork.Clock
 	every time.Duration
 	stats *counters
+	log   *slog.Logger
+
+	failing int // consecutive failed checkpoints; only the loop touches it
 
 	kick   chan struct{} // capacity 1: a commit since the last checkpoint
 	stop   chan struct{} // closed by Close
 	exited chan struct{} // closed when loop returned
 
-	ran func(logPages, moved int, err error) // test hook: called after each checkpoint
+	ran    func(logPages, moved int, err error) // test hook: called after each checkpoint
+	inject func() error                         // test hook: a non-nil error replaces the checkpoint
 }
 
-func newCheckpointer(conn *sql.Conn, clock clockwork.Clock, every time.Duration, stats *counters) *checkpointer {
-	return &checkpointer{conn: conn, clock: clock, every: every, stats: stats,
+func newCheckpointer(conn *sql.Conn, clock clockwork.Clock, every time.Duration, stats *counters, log *slog.Logger) *checkpointer {
+	return &checkpointer{conn: conn, clock: clock, every: every, stats: stats, log: log,
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), exited: make(chan struct{})}
 }
 
@@ -77,21 +82,37 @@ func (c *checkpointer) loop() {
 // maxChase bounds the passes of one checkpoint round.
 const maxChase = 4
 
-// run runs one PASSIVE checkpoint. An error (SQLITE_BUSY while another
-// checkpoint runs, an I/O error) is counted and left to the next one or to
-// the writer's backstop: a checkpoint only moves pages that are already
-// durable in the log.
+// run runs one PASSIVE checkpoint. An error (an I/O error; a checkpoint
+// that another one holds up reports busy, not an error) is counted and
+// left to the next one or to the writer's backstop: a checkpoint only
+// moves pages that are already durable in the log. The first failure
+// after a success is logged, and so is the first success after failures,
+// so that a failing disk is neither silent nor a flood.
 //
 // It reports whether the log was copied whole, so that the next write
 // starts it from the beginning (an error counts as whole: nothing to
 // chase).
 func (c *checkpointer) run() (whole bool) {
 	var busy, logPages, moved int
-	err := c.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &logPages, &moved)
+	var err error
+	if c.inject != nil {
+		err = c.inject()
+	}
+	if err == nil {
+		err = c.conn.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &logPages, &moved)
+	}
 	if err != nil {
 		c.stats.checkpointErrors.Add(1)
+		if c.failing == 0 {
+			c.log.Error("sqlite: background checkpoint failed; the write-ahead log grows until one works", "err", err)
+		}
+		c.failing++
 	} else {
 		c.stats.checkpoints.Add(1)
+		if c.failing > 0 {
+			c.log.Info("sqlite: background checkpoints work again", "failed", c.failing)
+		}
+		c.failing = 0
 	}
 	if c.ran != nil {
 		c.ran(logPages, moved, err)

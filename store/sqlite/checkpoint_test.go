@@ -2,9 +2,13 @@ package sqlite_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,5 +125,80 @@ func TestCheckpointBackstop(t *testing.T) {
 	var n int
 	if err := db.View(ctx, func(tx store.Tx) error { return tx.QueryRow(ctx, `SELECT COUNT(*) FROM t`).Scan(&n) }); err != nil || n != 2000 {
 		t.Fatalf("rows %d, %v", n, err)
+	}
+}
+
+// lockedBuffer is an io.Writer for a logger that goroutines share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A failing background checkpoint is counted each time, logged once when
+// the failures start and once when checkpoints work again.
+func TestCheckpointFailuresLogged(t *testing.T) {
+	ctx := context.Background()
+	clock := clockwork.NewFakeClock()
+	var logs lockedBuffer
+	db, err := sqlite.OpenOptions(ctx, filepath.Join(t.TempDir(), "f.db"),
+		sqlite.Options{Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	var failing atomic.Bool
+	sqlite.SetCheckpointFault(db, func() error {
+		if failing.Load() {
+			return errors.New("disk I/O error")
+		}
+		return nil
+	})
+	ran := make(chan error, 16)
+	sqlite.SetCheckpointed(db, func(_, _ int, err error) { ran <- err })
+	createRows(t, db)
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	// round commits a page and lets the checkpointer's interval pass: one
+	// checkpoint runs.
+	round := func() error {
+		insertPages(t, db, 1)
+		if err := clock.BlockUntilContext(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(100 * time.Millisecond)
+		return <-ran
+	}
+	failing.Store(true)
+	for range 3 {
+		if err := round(); err == nil {
+			t.Fatal("a faulty checkpoint succeeded")
+		}
+	}
+	failing.Store(false)
+	if err := round(); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.Stats().CheckpointErrors; got != 3 {
+		t.Fatalf("%d checkpoint errors counted, want 3", got)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "background checkpoint failed"); n != 1 || !strings.Contains(out, "disk I/O error") {
+		t.Fatalf("the failures were logged %d times, want once with the error:\n%s", n, out)
+	}
+	if n := strings.Count(out, "background checkpoints work again"); n != 1 || !strings.Contains(out, "failed=3") {
+		t.Fatalf("the recovery was logged %d times, want once with failed=3:\n%s", n, out)
 	}
 }

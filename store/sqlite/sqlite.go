@@ -67,6 +67,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -123,6 +124,10 @@ type Options struct {
 	// Clock times the batches, the stall watchdog and the background
 	// checkpoints (default: the real clock).
 	Clock clockwork.Clock
+	// Logger receives the background checkpoints' failures (an I/O error:
+	// the disk is failing or full), once when they start failing and once
+	// when they work again; nil means slog.Default().
+	Logger *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
@@ -152,6 +157,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Clock == nil {
 		o.Clock = clockwork.NewRealClock()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
 	return o
 }
@@ -288,7 +296,7 @@ func OpenOptions(ctx context.Context, path string, opts Options) (*DB, error) {
 			return nil, fmt.Errorf("sqlite: open %s for checkpoints: %w", path, err)
 		}
 		db.ckptDB = cdb
-		db.ckpt = newCheckpointer(cconn, opts.Clock, opts.CheckpointInterval, &db.stats)
+		db.ckpt = newCheckpointer(cconn, opts.Clock, opts.CheckpointInterval, &db.stats, opts.Logger)
 		db.w.ckpt = db.ckpt
 		go db.ckpt.loop()
 	}
