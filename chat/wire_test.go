@@ -222,13 +222,22 @@ func TestHandlerTurnOnTheWire(t *testing.T) {
 	}
 }
 
+// streamerEnv starts a server with the Streamer class, whose model echoes
+// in chunks of 4 characters, the first at once and each next one delay
+// later on the returned fake clock.
+func streamerEnv(t *testing.T, delay time.Duration) (*testenv.Env, *eventLog, *clockwork.FakeClock) {
+	t.Helper()
+	mclk := clockwork.NewFakeClock()
+	m := scripted.New(scripted.WithChunkSize(4), scripted.WithClock(mclk), scripted.WithDelay(delay))
+	env, turns := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, chatClass("Streamer", &kit{model: m}))
+	return env, turns, mclk
+}
+
 // TestResumeProtocol drives the resume handshake against a turn held
 // mid-stream by the model's fake clock.
 func TestResumeProtocol(t *testing.T) {
-	mclk := clockwork.NewFakeClock()
 	const delay = time.Second
-	m := scripted.New(scripted.WithChunkSize(4), scripted.WithClock(mclk), scripted.WithDelay(delay))
-	env, turns := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, chatClass("Streamer", &kit{model: m}))
+	env, turns, mclk := streamerEnv(t, delay)
 	const path = "/agents/streamer/r"
 	ctx := testCtx(t)
 
@@ -366,10 +375,8 @@ func TestResumeProtocol(t *testing.T) {
 // later probe brings none, and neither does a first probe answered with a
 // stream (that stream's end broadcasts the transcript to a listener).
 func TestFirstProbeCarriesTheTranscript(t *testing.T) {
-	mclk := clockwork.NewFakeClock()
 	const delay = time.Second
-	m := scripted.New(scripted.WithChunkSize(4), scripted.WithClock(mclk), scripted.WithDelay(delay))
-	env, turns := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, chatClass("Streamer", &kit{model: m}))
+	env, turns, mclk := streamerEnv(t, delay)
 	const path = "/agents/streamer/late"
 	ctx := testCtx(t)
 

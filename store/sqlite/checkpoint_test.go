@@ -3,17 +3,16 @@ package sqlite_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jonboulle/clockwork"
 
+	"github.com/agentry/agentry/internal/testenv"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
 )
@@ -128,32 +127,13 @@ func TestCheckpointBackstop(t *testing.T) {
 	}
 }
 
-// lockedBuffer is an io.Writer for a logger that goroutines share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A failing background checkpoint is counted each time, logged once when
 // the failures start and once when checkpoints work again.
 func TestCheckpointFailuresLogged(t *testing.T) {
 	ctx := context.Background()
 	clock := clockwork.NewFakeClock()
-	var logs lockedBuffer
-	db, err := sqlite.OpenOptions(ctx, filepath.Join(t.TempDir(), "f.db"),
-		sqlite.Options{Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	var logs testenv.Logs
+	db, err := sqlite.OpenOptions(ctx, filepath.Join(t.TempDir(), "f.db"), sqlite.Options{Clock: clock, Logger: logs.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
