@@ -10,21 +10,14 @@
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { log, openBrowser, step } from "./browser.mjs";
 
 const [base, shotDir] = process.argv.slice(2);
 mkdirSync(shotDir, { recursive: true });
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const T = 30_000;
-const log = (...a) => console.log(...a);
-const step = (s) => log(`-- ${s}`);
 
-const browser = await chromium.launch({
-  executablePath,
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
-});
-const page = await (await browser.newContext({ viewport: { width: 1280, height: 860 }, timezoneId: "Europe/Paris" })).newPage();
-page.setDefaultTimeout(T);
+const context = await openBrowser({ timeout: T, viewport: { width: 1280, height: 860 }, timezoneId: "Europe/Paris" });
+const page = await context.newPage();
 const errors = [];
 page.on("console", (m) => {
   if (m.type() === "error") errors.push(m.text());
@@ -103,5 +96,5 @@ try {
   console.error(err);
   process.exitCode = 1;
 } finally {
-  await browser.close();
+  await context.close();
 }

@@ -15,7 +15,7 @@ import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
-import { chromium } from "playwright-core";
+import { log, openBrowser, step } from "./browser.mjs";
 
 const [base, name, shotDir] = process.argv.slice(2);
 if (!base || !name || !shotDir) {
@@ -23,15 +23,10 @@ if (!base || !name || !shotDir) {
   process.exit(2);
 }
 mkdirSync(shotDir, { recursive: true });
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
-const userDataDir = process.env.CHROMIUM_USER_DATA_DIR;
 const T = 30_000; // the longest an ordinary condition may take
 // A dead owner's shards move after its lease (2 s, 5 s under -race) and a
 // renewal round; the page then reconnects with PartySocket's backoff.
 const FAILOVER = 90_000;
-
-const log = (...a) => console.log(...a);
-const step = (s) => log(`-- ${s}`);
 
 const rl = createInterface({ input: process.stdin });
 const lines = rl[Symbol.asyncIterator]();
@@ -43,20 +38,7 @@ async function ask(what) {
   assert.equal(value.trim(), `GO ${what}`);
 }
 
-const launchArgs = [
-  "--headless",
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-quic",
-  "--no-first-run",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-];
-const context = userDataDir
-  ? await chromium.launchPersistentContext(userDataDir, { executablePath, args: launchArgs, viewport: { width: 1280, height: 860 } })
-  : await (await chromium.launch({ executablePath, args: launchArgs })).newContext({ viewport: { width: 1280, height: 860 } });
-context.setDefaultTimeout(T);
+const context = await openBrowser({ timeout: T, viewport: { width: 1280, height: 860 } });
 
 // Every socket's close code and every connection state the page shows,
 // recorded from before the bundle runs.

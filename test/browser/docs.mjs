@@ -4,17 +4,12 @@
 // against a server whose helpers stream slowly.
 //
 //   node docs.mjs <base-url> <png-path>
-import { chromium } from "playwright-core";
+import { openBrowser } from "./browser.mjs";
 
 const [base, out] = process.argv.slice(2);
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
+const context = await openBrowser({ timeout: 90_000, viewport: { width: 1280, height: 900 } });
 try {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
-  page.setDefaultTimeout(90_000);
+  const page = await context.newPage();
   await page.goto(`${base}/#demo`);
   await page.locator("[data-testid=connection][data-state=connected]").waitFor();
   const send = async (text) => {
@@ -37,5 +32,5 @@ try {
   const bg = await page.locator("[data-testid=background-run]").getAttribute("data-status");
   console.log(`SCREENSHOT ${out} (background run ${bg})`);
 } finally {
-  await browser.close();
+  await context.close();
 }

@@ -12,7 +12,7 @@
 import assert from "node:assert/strict";
 import { mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { log, openBrowser, step } from "./browser.mjs";
 
 const [fastBase, slowBase, shotDir] = process.argv.slice(2);
 if (!fastBase || !slowBase || !shotDir) {
@@ -20,30 +20,9 @@ if (!fastBase || !slowBase || !shotDir) {
   process.exit(2);
 }
 mkdirSync(shotDir, { recursive: true });
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
-const userDataDir = process.env.CHROMIUM_USER_DATA_DIR;
 const T = 30_000; // the longest any single condition may take
 
-const log = (...a) => console.log(...a);
-const step = (s) => log(`-- ${s}`);
-
-const launchArgs = [
-  "--headless",
-  "--no-sandbox",
-  "--disable-gpu",
-  "--disable-quic",
-  "--no-first-run",
-  "--disable-background-networking",
-  "--disable-component-update",
-  "--disable-sync",
-];
-
-// A fresh profile per run: launchPersistentContext takes the folder the Go
-// test made; without one, Playwright makes its own temporary profile.
-const context = userDataDir
-  ? await chromium.launchPersistentContext(userDataDir, { executablePath, args: launchArgs, viewport: { width: 1280, height: 860 } })
-  : await (await chromium.launch({ executablePath, args: launchArgs })).newContext({ viewport: { width: 1280, height: 860 } });
-context.setDefaultTimeout(T);
+const context = await openBrowser({ timeout: T, viewport: { width: 1280, height: 860 } });
 
 const pages = [];
 async function openPage(base, name) {

@@ -9,23 +9,14 @@
 // sentence, streamed while the page was loading, must appear. Every wait is
 // on a DOM condition; "PASS reload" at the end.
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { log, openBrowser, step } from "./browser.mjs";
 
 const [base, name, shotDir] = process.argv.slice(2);
 if (!base || !name || !shotDir) {
   console.error("usage: node reload.mjs <base-url> <instance-name> <screenshot-dir>");
   process.exit(2);
 }
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
-const userDataDir = process.env.CHROMIUM_USER_DATA_DIR;
-const log = (...a) => console.log(...a);
-const step = (s) => log(`-- ${s}`);
-const launchArgs = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
-const context = userDataDir
-  ? await chromium.launchPersistentContext(userDataDir, { executablePath, args: launchArgs })
-  : await (await chromium.launch({ executablePath, args: launchArgs })).newContext();
-context.setDefaultTimeout(30_000);
+const context = await openBrowser();
 
 const page = await context.newPage();
 page.on("pageerror", (e) => log(`[pageerror] ${e.stack ?? e}`));

@@ -13,23 +13,14 @@
 // Every wait is on a DOM condition; "PASS token" at the end.
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { chromium } from "playwright-core";
+import { log, openBrowser, step } from "./browser.mjs";
 
 const [base, token, shotDir] = process.argv.slice(2);
 if (!base || !token || !shotDir) {
   console.error("usage: node token.mjs <base-url> <token> <screenshot-dir>");
   process.exit(2);
 }
-const executablePath = process.env.CHROMIUM ?? "/usr/bin/chromium";
-const userDataDir = process.env.CHROMIUM_USER_DATA_DIR;
-const log = (...a) => console.log(...a);
-const step = (s) => log(`-- ${s}`);
-const launchArgs = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-  "--disable-background-networking", "--disable-component-update", "--disable-sync"];
-const context = userDataDir
-  ? await chromium.launchPersistentContext(userDataDir, { executablePath, args: launchArgs })
-  : await (await chromium.launch({ executablePath, args: launchArgs })).newContext();
-context.setDefaultTimeout(30_000);
+const context = await openBrowser();
 
 const pages = [];
 async function newPage() {
