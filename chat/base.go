@@ -583,6 +583,11 @@ func (c *core) work(ctx context.Context) {
 	for {
 		c.mu.Lock()
 		if len(c.queue) == 0 || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				// Shutting down: the queued turns stay stored and run
+				// after the restart, not in this process.
+				c.dequeued(c.queue...)
+			}
 			c.working = false
 			release := c.release
 			c.release = nil
@@ -601,7 +606,7 @@ func (c *core) work(ctx context.Context) {
 		}
 		t := c.queue[0]
 		c.queue = c.queue[1:]
-		c.dequeued(1)
+		c.dequeued(t)
 		c.active, c.current = t, t
 		c.mu.Unlock()
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/agent"
@@ -210,7 +211,8 @@ type rigOptions struct {
 	classes []agent.Class
 	cfg     chat.Config
 	clock   clockwork.Clock
-	logger  *slog.Logger // nil means slog.Default()
+	logger  *slog.Logger         // nil means slog.Default()
+	meter   metric.MeterProvider // nil means the global one
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -226,7 +228,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	db := newCountingDB(sq)
 	hub := diag.New(nil, o.clock.Now)
 	r := &rig{dir: o.dir, sq: sq, db: db, hub: hub, turns: watch(hub, diag.ChannelChat)}
-	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: -1, Diag: hub, Logger: o.logger})
+	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: -1, Diag: hub, Logger: o.logger, MeterProvider: o.meter})
 	if err != nil {
 		sq.Close()
 		t.Fatal(err)

@@ -282,7 +282,7 @@ func (c *core) clear(ctx context.Context, from *agent.Conn) error {
 	active := c.active
 	queued := c.queue
 	c.queue = nil
-	c.dequeued(len(queued))
+	c.dequeued(queued...)
 	c.msgs = nil
 	clear(c.pending)
 	clear(c.awaiting)

@@ -73,11 +73,22 @@ func (c *core) startTurnSpan(ctx context.Context, t *turn) context.Context {
 			attrTurn.String(t.row.ID)))
 	t.began = c.rt.Clock().Now()
 	instrumentsOf(c.rt).queued.Add(ctx, 1)
+	t.inQueue = true
 	return ctx
 }
 
-// dequeued counts n turns out of the queue.
-func (c *core) dequeued(n int) {
+// dequeued counts turns out of the queue-depth gauge, each once: taken
+// by the worker, cancelled, cleared, or left queued when the runtime
+// shuts down (they run again after the restart, counted by that
+// process). c.mu held.
+func (c *core) dequeued(ts ...*turn) {
+	n := 0
+	for _, t := range ts {
+		if t.inQueue {
+			t.inQueue = false
+			n++
+		}
+	}
 	if n > 0 {
 		instrumentsOf(c.rt).queued.Add(c.rt.Context(), -int64(n))
 	}

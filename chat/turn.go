@@ -30,6 +30,7 @@ type turn struct {
 	endTaken   bool       // finishTurn read end: AttachEnd is too late
 	span       trace.Span // the turn's span, from acceptance to end
 	began      time.Time  // when it was accepted (runtime clock)
+	inQueue    bool       // counted in the queue-depth gauge (guarded by core.mu)
 
 	// Guarded by c.mu: the stream as clients see it. chunks are the
 	// committed chunks (the output gate: only those reach clients);
@@ -108,7 +109,7 @@ func (c *core) cancel(id string, cause error) bool {
 	for i, t := range c.queue {
 		if t.row.ID == id {
 			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
-			c.dequeued(1)
+			c.dequeued(t)
 			// Still waitable until its end is recorded.
 			c.ending[id] = true
 			c.mu.Unlock()
