@@ -113,6 +113,7 @@ type chatter interface {
 	SaveMessages(ctx context.Context, msgs []message.Message) (chat.TurnResult, error)
 	SubmitMessages(ctx context.Context, msgs []message.Message, opts chat.SubmitOptions) (string, error)
 	WaitTurn(ctx context.Context, id string) (chat.TurnResult, error)
+	CancelTurn(id string) bool
 	Messages() []message.Message
 	ClearMessages(ctx context.Context) error
 	BusyTurn() (string, bool)

@@ -63,7 +63,7 @@ func TestQueueDepthGauge(t *testing.T) {
 	if n := queueDepth(t, reader); n != 3 {
 		t.Fatalf("queue depth %d with one turn running and three queued, want 3", n)
 	}
-	if !a.(interface{ CancelTurn(string) bool }).CancelTurn(ids[3]) {
+	if !a.CancelTurn(ids[3]) {
 		t.Fatal("the last queued turn was not cancelled")
 	}
 	if n := queueDepth(t, reader); n != 2 {

@@ -188,15 +188,10 @@ func TestDocsScreenshot(t *testing.T) {
 	// A quick assistant and slow helpers: the panels are caught mid-stream.
 	fast, slow := agentsastools.Offline(40*time.Millisecond, nil), agentsastools.Offline(250*time.Millisecond, nil)
 	base := serveModels(t, &agentsastools.Models{Assistant: fast.Assistant, Researcher: slow.Researcher, Planner: slow.Planner}, 3*time.Second)
-	out := filepath.Join(dir(), "..", "..", "docs", "playground.png")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "docs.mjs", base, out)
-	cmd.Dir = dir()
-	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath)
-	b, err := cmd.CombinedOutput()
+	png := filepath.Join(dir(), "..", "..", "docs", "playground.png")
+	out, err := runNode(t, 4*time.Minute, "docs.mjs", base, png)
 	if err != nil {
-		t.Fatalf("docs.mjs: %v\n%s", err, b)
+		t.Fatalf("docs.mjs: %v\n%s", err, out)
 	}
-	t.Logf("%s", b)
+	t.Logf("%s", out)
 }
