@@ -169,6 +169,7 @@ type host struct {
 	// the runs it recorded itself (its child map knows each of them).
 	fresh     bool
 	unstarted map[string]chan struct{} // parent: recovered runs whose child never started
+	watchers  map[string][]*watcher    // parent: WatchRun subscriptions by run id
 }
 
 var (
@@ -283,6 +284,9 @@ func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if len(h.watchers) > 0 {
+		h.notifyWatchers(ev)
+	}
 	for c := range h.admitted {
 		if buf, ok := h.replaying[c]; ok {
 			*buf = append(*buf, pendingFrame{runID: ev.RunID, seq: seq, frame: frame})

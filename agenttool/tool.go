@@ -130,5 +130,5 @@ func newAgentTool[In any](class string, o ToolOptions, success func(Result) (any
 	if title, ok := display["name"].(string); ok {
 		t = t.WithTitle(title)
 	}
-	return t
+	return t.WithMeta(toolInfoKey{}, ToolInfo{Class: class, Display: display, Tokens: o.Tokens})
 }

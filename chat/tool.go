@@ -35,8 +35,27 @@ type Tool struct {
 	resolved *jsonschema.Resolved
 	exec     func(ctx context.Context, input json.RawMessage) (any, error)
 	checks   []func(rt *agent.Runtime) error
-	client   bool // a client-side tool: schema only, answered by the client
+	client   bool        // a client-side tool: schema only, answered by the client
+	meta     map[any]any // set with WithMeta
 }
+
+// WithMeta returns a copy of the tool that carries value under key, for a
+// package that builds tools to recognise its own later (agenttool marks
+// its tools with the class they run, which the MCP server reads). As with
+// context.WithValue, a key should be an unexported type of the package
+// that sets it.
+func (t Tool) WithMeta(key, value any) Tool {
+	m := make(map[any]any, len(t.meta)+1)
+	for k, v := range t.meta {
+		m[k] = v
+	}
+	m[key] = value
+	t.meta = m
+	return t
+}
+
+// Meta returns the value the tool carries under key (WithMeta), or nil.
+func (t Tool) Meta(key any) any { return t.meta[key] }
 
 // WithCheck returns a copy of the tool with a set-up check: the runtime's
 // Start runs it (for the tools a chat class's sample instance returns

@@ -2,6 +2,7 @@ package server
 
 import (
 	"crypto/sha256"
+	"errors"
 	"crypto/subtle"
 	"net/http"
 	"strings"
@@ -28,6 +29,25 @@ func (s *Server) admit(r *http.Request, path agent.Path) (*http.Request, error) 
 		}
 	}
 	return r, nil
+}
+
+// Admit runs the server's Authenticate and Authorize hooks on a request
+// addressed to the instance at path, as the agent routes do: another
+// front door to the same runtime (the MCP endpoint) admits its callers
+// with it. It returns r with the caller's identity in its context, or the
+// hooks' refusal (see RefusalStatus).
+func (s *Server) Admit(r *http.Request, path agent.Path) (*http.Request, error) {
+	return s.admit(r, path)
+}
+
+// RefusalStatus returns the HTTP status and message that answer a refusal
+// of Admit: an *agent.HTTPError's own, and 401 otherwise.
+func RefusalStatus(err error) (status int, message string) {
+	var he *agent.HTTPError
+	if errors.As(err, &he) {
+		return he.Status, he.Message
+	}
+	return http.StatusUnauthorized, "unauthorized"
 }
 
 // TokenQueryParam is the query parameter RequireToken reads a token from:

@@ -354,6 +354,12 @@ func (s *Server) acceptOptions() *websocket.AcceptOptions {
 // the request's own Host, or a match of OriginPatterns) before the request
 // reaches Authorize and the agents, so a refused page hydrates nothing.
 // Accept checks it again with the same patterns.
+// OriginAllowed reports whether a request's Origin may reach the agents:
+// no Origin (a client that is not a browser), the server's own origin, or
+// one of Options.OriginPatterns. Another front door to the same runtime
+// (the MCP endpoint) applies the same rule.
+func (s *Server) OriginAllowed(r *http.Request) bool { return s.originAllowed(r) }
+
 func (s *Server) originAllowed(r *http.Request) bool {
 	origin := r.Header.Get("Origin")
 	if origin == "" {

@@ -21,6 +21,7 @@ import (
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/examples/echochat"
+	"github.com/agentry/agentry/mcpserver"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/web"
@@ -71,8 +72,13 @@ type Demo struct {
 	// Agents serves the agent routes; requests outside them go to the
 	// playground.
 	Agents *server.Server
+	// MCP serves the public agents over the Model Context Protocol at
+	// /mcp (see mcpserver).
+	MCP *mcpserver.Handler
 	// Provider names the agents-as-tools model: "scripted", "openai", …
 	Provider string
+
+	handler http.Handler
 }
 
 // Start is New, then the runtime's start-up (recovering interrupted work).
@@ -124,14 +130,21 @@ func New(ctx context.Context, o Options) (*Demo, error) {
 		sopts.Authorize = server.RequireToken(o.AuthToken)
 	}
 	srv := server.New(sopts)
-	return &Demo{Runtime: rt, Agents: srv, Provider: provider}, nil
+	mcpH := mcpserver.New(mcpserver.Options{Runtime: rt, Front: srv})
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcpH)
+	mux.Handle("/", srv)
+	return &Demo{Runtime: rt, Agents: srv, MCP: mcpH, Provider: provider, handler: mux}, nil
 }
 
-// Handler serves the agent routes (/agents/…) and the playground (/).
-func (d *Demo) Handler() http.Handler { return d.Agents }
+// Handler serves the agent routes (/agents/…), the MCP endpoint (/mcp)
+// and the playground (/).
+func (d *Demo) Handler() http.Handler { return d.handler }
 
-// Close closes the sockets, then the runtime. The caller closes the DB.
+// Close closes the sockets and MCP sessions, then the runtime. The caller
+// closes the DB.
 func (d *Demo) Close() error {
 	d.Agents.Close()
+	d.MCP.Close()
 	return d.Runtime.Close()
 }

@@ -1,0 +1,292 @@
+package mcpserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.uber.org/goleak"
+
+	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/diag"
+	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
+	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/store/sqlite"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// env is the demo served on 127.0.0.1 with its MCP endpoint.
+type env struct {
+	d   *demo.Demo
+	url string // the server's base URL
+}
+
+func start(t *testing.T, o demo.Options) *env {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.DB = db
+	o.IdleTimeout = -1
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if o.Models == nil {
+		o.Models = agentsastools.Offline(time.Millisecond, nil)
+	}
+	d, err := demo.Start(ctx, o)
+	if err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(d.Handler())
+	t.Cleanup(func() {
+		d.Agents.Close()
+		d.MCP.Close()
+		hs.CloseClientConnections()
+		hs.Close()
+		d.Close()
+		db.Close()
+	})
+	return &env{d: d, url: hs.URL}
+}
+
+// connect opens an MCP client session on the endpoint; progress receives
+// the progress notifications.
+func (e *env) connect(t *testing.T, query string, header http.Header, progress func(*mcp.ProgressNotificationParams)) *mcp.ClientSession {
+	t.Helper()
+	opts := &mcp.ClientOptions{}
+	if progress != nil {
+		opts.ProgressNotificationHandler = func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			progress(req.Params)
+		}
+	}
+	c := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, opts)
+	hc := &http.Client{Transport: headerTransport{h: header}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: e.url + "/mcp" + query, HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+type headerTransport struct{ h http.Header }
+
+func (t headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	for k, v := range t.h {
+		r.Header[k] = v
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// assistant returns the demo Assistant instance name.
+func (e *env) assistant(t *testing.T, name string) agent.Agent {
+	t.Helper()
+	a, err := e.d.Runtime.Get(context.Background(), agent.Path{{Class: "Assistant", Name: name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestListTools(t *testing.T) {
+	e := start(t, demo.Options{})
+	cs := e.connect(t, "", nil, nil)
+	res, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, tl := range res.Tools {
+		names = append(names, tl.Name)
+	}
+	// research and plan are the Assistant's agent tools; its plain tools
+	// (compare, research_background, …) are not exposed; both chat classes
+	// have a chat tool, so each is prefixed with its route.
+	want := []string{"assistant_chat", "echo-chat_chat", "plan", "research"}
+	if !slices.Equal(names, want) {
+		t.Fatalf("tools %v, want %v", names, want)
+	}
+	for _, tl := range res.Tools {
+		if tl.Name != "research" {
+			continue
+		}
+		schema, _ := json.Marshal(tl.InputSchema)
+		if !strings.Contains(string(schema), `"query"`) || !strings.Contains(string(schema), `"minLength":3`) {
+			t.Fatalf("research schema %s: the tool's own schema (query, minLength 3) expected", schema)
+		}
+	}
+}
+
+func TestCallResearchReportsProgress(t *testing.T) {
+	e := start(t, demo.Options{SearchTime: 300 * time.Millisecond})
+	var mu sync.Mutex
+	var notes []*mcp.ProgressNotificationParams
+	cs := e.connect(t, "", nil, func(p *mcp.ProgressNotificationParams) {
+		mu.Lock()
+		notes = append(notes, p)
+		mu.Unlock()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	params := &mcp.CallToolParams{Name: "research", Arguments: map[string]any{"query": "solar panels"}}
+	params.SetProgressToken("tok-1")
+	res, err := cs.CallTool(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError {
+		t.Fatalf("research failed: %+v", res.Content)
+	}
+	mu.Lock()
+	got := slices.Clone(notes)
+	mu.Unlock()
+	// The progress notifications all arrive before the result.
+	if len(got) < 3 {
+		t.Fatalf("%d progress notifications, want at least 3", len(got))
+	}
+	var milestone bool
+	for i, n := range got {
+		if n.ProgressToken != "tok-1" {
+			t.Fatalf("notification %d has token %v", i, n.ProgressToken)
+		}
+		if i > 0 && n.Progress <= got[i-1].Progress {
+			t.Fatalf("progress went from %v to %v", got[i-1].Progress, n.Progress)
+		}
+		milestone = milestone || strings.Contains(n.Message, "sources-gathered")
+	}
+	if !milestone {
+		t.Fatalf("no milestone among %d notifications", len(got))
+	}
+	sc, _ := json.Marshal(res.StructuredContent)
+	var out struct {
+		RunID   string `json:"runId"`
+		Status  string `json:"status"`
+		Summary string `json:"summary"`
+	}
+	if err := json.Unmarshal(sc, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Status != "completed" || out.Summary == "" || !strings.HasPrefix(out.RunID, "mcp-") {
+		t.Fatalf("structured content %s", sc)
+	}
+	if text := res.Content[0].(*mcp.TextContent).Text; text != out.Summary {
+		t.Fatalf("text %q, want the summary %q", text, out.Summary)
+	}
+	// The run is a real one: in the default Assistant's registry, unbound
+	// (the playground shows it among the background runs).
+	run, ok, err := agenttool.GetAgentToolRun(ctx, e.assistant(t, "default"), out.RunID)
+	if err != nil || !ok {
+		t.Fatalf("run %s in the registry: %v %v", out.RunID, ok, err)
+	}
+	if run.Status != agenttool.StatusCompleted || run.ParentToolCallID != "" || run.AgentType != "Researcher" {
+		t.Fatalf("registry row %+v", run)
+	}
+}
+
+func TestInvalidInputIsAToolError(t *testing.T) {
+	e := start(t, demo.Options{})
+	cs := e.connect(t, "", nil, nil)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "research", Arguments: map[string]any{"query": "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "invalid tool input") {
+		t.Fatalf("result %+v, want an input error", res)
+	}
+	runs, err := agenttool.ListAgentToolRuns(context.Background(), e.assistant(t, "default"))
+	if err != nil || len(runs) != 0 {
+		t.Fatalf("runs %v (%v): an invalid call must start none", runs, err)
+	}
+}
+
+func TestCancelAbortsTheRunAndItsChild(t *testing.T) {
+	e := start(t, demo.Options{SearchTime: time.Hour})
+	finished := make(chan diag.Event, 4)
+	unsub := e.d.Runtime.Diag().Subscribe(diag.ChannelAgentTool, func(ev diag.Event) {
+		if ev.Type == "finish" {
+			finished <- ev
+		}
+	})
+	defer unsub()
+	first := make(chan struct{})
+	var once sync.Once
+	cs := e.connect(t, "", nil, func(*mcp.ProgressNotificationParams) { once.Do(func() { close(first) }) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	params := &mcp.CallToolParams{Name: "research", Arguments: map[string]any{"query": "quantum computing"}}
+	params.SetProgressToken(7)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(ctx, params)
+		errc <- err
+	}()
+	select {
+	case <-first:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no progress notification")
+	}
+	cancel() // the client sends notifications/cancelled
+	if err := <-errc; err == nil {
+		t.Fatal("a cancelled call returned a result")
+	}
+	var ev diag.Event
+	select {
+	case ev = <-finished:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the run did not end")
+	}
+	if ev.Attrs["status"] != string(agenttool.StatusAborted) {
+		t.Fatalf("run ended %v, want aborted", ev.Attrs["status"])
+	}
+	runID, _ := ev.Attrs["runId"].(string)
+	ins, err := agenttool.InspectAgentToolRun(context.Background(), e.assistant(t, "default"), runID)
+	if err != nil || ins == nil {
+		t.Fatalf("inspect %s: %v", runID, err)
+	}
+	if ins.Status != agenttool.StatusAborted {
+		t.Fatalf("child's own record %s, want aborted", ins.Status)
+	}
+}
+
+func TestChatTool(t *testing.T) {
+	e := start(t, demo.Options{})
+	cs := e.connect(t, "?instance=alice", nil, nil)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "echo-chat_chat", Arguments: map[string]any{"message": "hello there"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError {
+		t.Fatalf("chat failed: %+v", res.Content[0])
+	}
+	text := res.Content[0].(*mcp.TextContent).Text
+	if !strings.Contains(text, "hello there") {
+		t.Fatalf("answer %q does not echo the message", text)
+	}
+	a, err := e.d.Runtime.Get(context.Background(), agent.Path{{Class: "EchoChat", Name: "alice"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The turn ran in alice's own chat: the question and the answer are
+	// in her transcript.
+	msgs := a.(interface{ Messages() []message.Message }).Messages()
+	if len(msgs) != 2 || msgs[0].Parts[0].Text != "hello there" {
+		t.Fatalf("alice's transcript %+v", msgs)
+	}
+}
