@@ -2,8 +2,8 @@ package server
 
 import (
 	"crypto/sha256"
-	"errors"
 	"crypto/subtle"
+	"errors"
 	"net/http"
 	"strings"
 
