@@ -290,3 +290,191 @@ func TestChatTool(t *testing.T) {
 		t.Fatalf("alice's transcript %+v", msgs)
 	}
 }
+
+// rawSession is a JSON-RPC session on the endpoint spoken by hand, for
+// what the Go SDK's client does not speak (MCP tasks).
+type rawSession struct {
+	t   *testing.T
+	url string
+	sid string
+	n   int
+}
+
+type rpcErr struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *env) raw(t *testing.T) *rawSession {
+	t.Helper()
+	s := &rawSession{t: t, url: e.url + "/mcp"}
+	res, rerr := s.call("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "raw", "version": "1"}})
+	if rerr != nil {
+		t.Fatalf("initialize: %+v", rerr)
+	}
+	var init struct {
+		Capabilities struct {
+			Tasks struct {
+				Requests struct {
+					Tools struct {
+						Call *struct{} `json:"call"`
+					} `json:"tools"`
+				} `json:"requests"`
+			} `json:"tasks"`
+		} `json:"capabilities"`
+	}
+	if err := json.Unmarshal(res, &init); err != nil || init.Capabilities.Tasks.Requests.Tools.Call == nil {
+		t.Fatalf("initialize result %s does not announce task-augmented tools/call", res)
+	}
+	s.post(map[string]any{"jsonrpc": "2.0", "method": "notifications/initialized"})
+	return s
+}
+
+// call sends one request and returns its result or error.
+func (s *rawSession) call(method string, params any) (json.RawMessage, *rpcErr) {
+	s.t.Helper()
+	s.n++
+	body := s.post(map[string]any{"jsonrpc": "2.0", "id": s.n, "method": method, "params": params})
+	var msg struct {
+		Result json.RawMessage `json:"result"`
+		Error  *rpcErr         `json:"error"`
+	}
+	if err := json.Unmarshal(body, &msg); err != nil {
+		s.t.Fatalf("%s: response %q: %v", method, body, err)
+	}
+	return msg.Result, msg.Error
+}
+
+// post sends a message and returns the JSON of the response (the data of
+// the last event, when the answer is an event stream).
+func (s *rawSession) post(msg any) []byte {
+	s.t.Helper()
+	data, _ := json.Marshal(msg)
+	req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(string(data)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2025-11-25")
+	if s.sid != "" {
+		req.Header.Set("Mcp-Session-Id", s.sid)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if id := resp.Header.Get("Mcp-Session-Id"); id != "" {
+		s.sid = id
+	}
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusAccepted {
+		return nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		s.t.Fatalf("POST %s: %d %s", data, resp.StatusCode, out)
+	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		var last []byte
+		for _, line := range strings.Split(string(out), "\n") {
+			if rest, ok := strings.CutPrefix(line, "data: "); ok {
+				last = []byte(rest)
+			}
+		}
+		return last
+	}
+	return out
+}
+
+type task struct {
+	TaskID        string `json:"taskId"`
+	Status        string `json:"status"`
+	StatusMessage string `json:"statusMessage"`
+}
+
+func (s *rawSession) task(method string, params any) task {
+	s.t.Helper()
+	res, rerr := s.call(method, params)
+	if rerr != nil {
+		s.t.Fatalf("%s: %+v", method, rerr)
+	}
+	var out struct {
+		task
+		Task *task `json:"task"`
+	}
+	if err := json.Unmarshal(res, &out); err != nil {
+		s.t.Fatal(err)
+	}
+	if out.Task != nil {
+		return *out.Task
+	}
+	return out.task
+}
+
+func TestTaskLifecycle(t *testing.T) {
+	e := start(t, demo.Options{SearchTime: 300 * time.Millisecond})
+	s := e.raw(t)
+	res, rerr := s.call("tools/list", map[string]any{})
+	if rerr != nil || !strings.Contains(string(res), `"taskSupport":"optional"`) {
+		t.Fatalf("tools/list %s %+v: the agent tools must be taskable", res, rerr)
+	}
+	created := s.task("tools/call", map[string]any{"name": "research", "arguments": map[string]any{"query": "tidal power"}, "task": map[string]any{"ttl": 60000}})
+	if created.Status != "working" || created.TaskID == "" {
+		t.Fatalf("created %+v", created)
+	}
+	out, rerr := s.call("tasks/result", map[string]any{"taskId": created.TaskID})
+	if rerr != nil {
+		t.Fatalf("tasks/result: %+v", rerr)
+	}
+	var result struct {
+		IsError           bool `json:"isError"`
+		StructuredContent struct {
+			RunID  string `json:"runId"`
+			Status string `json:"status"`
+		} `json:"structuredContent"`
+		Meta map[string]map[string]string `json:"_meta"`
+	}
+	if err := json.Unmarshal(out, &result); err != nil {
+		t.Fatal(err)
+	}
+	if result.IsError || result.StructuredContent.Status != "completed" || result.Meta["io.modelcontextprotocol/related-task"]["taskId"] != created.TaskID {
+		t.Fatalf("tasks/result %s", out)
+	}
+	if got := s.task("tasks/get", map[string]any{"taskId": created.TaskID}); got.Status != "completed" {
+		t.Fatalf("tasks/get %+v", got)
+	}
+	list, rerr := s.call("tasks/list", map[string]any{})
+	if rerr != nil || !strings.Contains(string(list), created.TaskID) {
+		t.Fatalf("tasks/list %s %+v", list, rerr)
+	}
+	// The task is a detached run of the default Assistant, like any other.
+	run, ok, err := agenttool.GetAgentToolRun(context.Background(), e.assistant(t, "default"), result.StructuredContent.RunID)
+	if err != nil || !ok || run.Status != agenttool.StatusCompleted {
+		t.Fatalf("registry row %+v %v %v", run, ok, err)
+	}
+	if _, rerr := s.call("tasks/cancel", map[string]any{"taskId": created.TaskID}); rerr == nil || rerr.Code != -32602 {
+		t.Fatalf("cancel of a completed task: %+v, want -32602", rerr)
+	}
+}
+
+func TestTaskCancelAndGuessedIDs(t *testing.T) {
+	e := start(t, demo.Options{SearchTime: time.Hour})
+	s := e.raw(t)
+	created := s.task("tools/call", map[string]any{"name": "research", "arguments": map[string]any{"query": "fusion"}, "task": map[string]any{}})
+	got := s.task("tasks/cancel", map[string]any{"taskId": created.TaskID})
+	if got.Status != "cancelled" {
+		t.Fatalf("cancelled task %+v", got)
+	}
+	out, rerr := s.call("tasks/result", map[string]any{"taskId": created.TaskID})
+	if rerr != nil || !strings.Contains(string(out), `"isError":true`) || !strings.Contains(string(out), `"status":"aborted"`) {
+		t.Fatalf("result of a cancelled task %s %+v", out, rerr)
+	}
+	for _, id := range []string{"", "nope", "eyJjIjoiQXNzaXN0YW50IiwiaSI6ImRlZmF1bHQiLCJyIjoibWNwLXRhc2stZ3Vlc3NlZCJ9", strings.Repeat("A", 5000)} {
+		if _, rerr := s.call("tasks/get", map[string]any{"taskId": id}); rerr == nil || rerr.Code != -32602 {
+			t.Fatalf("tasks/get %q: %+v, want -32602", id, rerr)
+		}
+	}
+	// A task is not a chat tool's.
+	if _, rerr := s.call("tools/call", map[string]any{"name": "assistant_chat", "arguments": map[string]any{"message": "hi"}, "task": map[string]any{}}); rerr == nil {
+		t.Fatal("a task-augmented chat call was accepted")
+	}
+}
