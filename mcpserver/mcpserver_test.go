@@ -30,14 +30,21 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // env is the demo served on 127.0.0.1 with its MCP endpoint.
 type env struct {
-	d   *demo.Demo
-	url string // the server's base URL
+	d    *demo.Demo
+	url  string // the server's base URL
+	stop func() // closes the server, the runtime and the database
 }
 
 func start(t *testing.T, o demo.Options) *env {
 	t.Helper()
+	return startAt(t, filepath.Join(t.TempDir(), "agentry.db"), o)
+}
+
+// startAt is start on the database file at dbPath.
+func startAt(t *testing.T, dbPath string, o demo.Options) *env {
+	t.Helper()
 	ctx := context.Background()
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
+	db, err := sqlite.Open(ctx, dbPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +60,8 @@ func start(t *testing.T, o demo.Options) *env {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(d.Handler())
-	t.Cleanup(func() {
+	e := &env{d: d, url: hs.URL}
+	e.stop = sync.OnceFunc(func() {
 		d.Agents.Close()
 		d.MCP.Close()
 		hs.CloseClientConnections()
@@ -61,7 +69,8 @@ func start(t *testing.T, o demo.Options) *env {
 		d.Close()
 		db.Close()
 	})
-	return &env{d: d, url: hs.URL}
+	t.Cleanup(e.stop)
+	return e
 }
 
 // connect opens an MCP client session on the endpoint; progress receives
@@ -476,5 +485,19 @@ func TestTaskCancelAndGuessedIDs(t *testing.T) {
 	// A task is not a chat tool's.
 	if _, rerr := s.call("tools/call", map[string]any{"name": "assistant_chat", "arguments": map[string]any{"message": "hi"}, "task": map[string]any{}}); rerr == nil {
 		t.Fatal("a task-augmented chat call was accepted")
+	}
+}
+
+func TestTaskOutlivesARestart(t *testing.T) {
+	dbPath := filepath.Join(t.TempDir(), "agentry.db")
+	e := startAt(t, dbPath, demo.Options{SearchTime: time.Hour})
+	s := e.raw(t)
+	created := s.task("tools/call", map[string]any{"name": "research", "arguments": map[string]any{"query": "wind farms"}, "task": map[string]any{}})
+	e.stop() // the run is in flight: its child waits in its search
+	e = startAt(t, dbPath, demo.Options{SearchTime: time.Millisecond})
+	s = e.raw(t) // a new session: the task id is all the client kept
+	out, rerr := s.call("tasks/result", map[string]any{"taskId": created.TaskID})
+	if rerr != nil || !strings.Contains(string(out), `"status":"completed"`) {
+		t.Fatalf("tasks/result after a restart: %s %+v", out, rerr)
 	}
 }
