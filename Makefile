@@ -31,6 +31,7 @@ npm:
 	cd test/npm && npm ci --no-audit --no-fund --loglevel=error
 	cd web && npm ci --no-audit --no-fund --loglevel=error
 	cd test/browser && npm ci --no-audit --no-fund --loglevel=error
+	cd test/mcp && npm ci --no-audit --no-fund --loglevel=error
 
 # web rebuilds the playground bundle (web/dist, committed and embedded).
 web:
