@@ -1,0 +1,228 @@
+// Package mcpserver drives the /mcp endpoint of the real agentry server
+// (cmd/agentry, built once per run) with the official TypeScript MCP SDK
+// client (test/mcp/server-e2e.mjs): tools, progress, cancellation, and a
+// task that outlives a SIGKILL of the server.
+package mcpserver
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/client"
+	"github.com/agentry/agentry/internal/testenv"
+)
+
+var agentry = &testenv.Binary{Pkg: "github.com/agentry/agentry/cmd/agentry", Race: testenv.Race}
+
+func TestMain(m *testing.M) { testenv.Main(m, agentry) }
+
+// mcpDir is the npm folder of the MCP tests.
+func mcpDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "mcp")
+}
+
+// requireSDK skips the test when Node or the MCP npm packages are missing,
+// except in CI, where that is a failure.
+func requireSDK(t *testing.T) {
+	t.Helper()
+	_, errNode := exec.LookPath("node")
+	_, errMods := os.Stat(filepath.Join(mcpDir(), "node_modules", "@modelcontextprotocol", "sdk"))
+	if errNode == nil && errMods == nil {
+		return
+	}
+	msg := "node or test/mcp/node_modules missing: run `make npm`"
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// script runs server-e2e.mjs, decodes the JSON line it prints into out,
+// and returns a function that closes the script's stdin and waits for it
+// to exit (which a phase that waits for its stdin needs).
+func script(t *testing.T, out any, args ...string) (finish func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	cmd := exec.CommandContext(ctx, "node", append([]string{"server-e2e.mjs"}, args...)...)
+	cmd.Dir = mcpDir()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	finish = sync.OnceFunc(func() {
+		stdin.Close()
+		err := cmd.Wait()
+		cancel()
+		if err != nil {
+			t.Errorf("node server-e2e.mjs %v: %v\n%s", args, err, stderr.String())
+		}
+	})
+	t.Cleanup(finish)
+	line, readErr := bufio.NewReader(stdout).ReadBytes('\n')
+	if err := json.Unmarshal(line, out); err != nil {
+		finish()
+		t.Fatalf("node server-e2e.mjs %v printed %q (read: %v): %v\n%s", args, line, readErr, err, stderr.String())
+	}
+	return finish
+}
+
+func serve(t *testing.T, dir string) *testenv.Process {
+	t.Helper()
+	return testenv.StartProcess(t, 30*time.Second, agentry.Path(t), "serve", "--addr", "127.0.0.1:0", "--data", dir, "--delay", "100ms")
+}
+
+type callResult struct {
+	IsError    bool   `json:"isError"`
+	Text       string `json:"text"`
+	Structured struct {
+		RunID  string `json:"runId"`
+		Status string `json:"status"`
+	} `json:"structured"`
+}
+
+func TestTypeScriptClient(t *testing.T) {
+	requireSDK(t)
+	srv := serve(t, t.TempDir())
+	base := "http://" + srv.Host
+
+	// A Go client on the same instance sees the runs' events as the
+	// playground does: the MCP calls are runs of the default Assistant.
+	var mu sync.Mutex
+	ends := map[string]string{} // run id → terminal event kind
+	ended := make(chan struct{}, 16)
+	conn, err := client.Dial(context.Background(), client.Options{Host: srv.Host, Agent: "Assistant", Name: "default",
+		OnFrame: func(f client.Frame) {
+			if f.Type != agenttool.FrameType {
+				return
+			}
+			var fr agenttool.Frame
+			if json.Unmarshal(f.Data, &fr) != nil {
+				return
+			}
+			switch fr.Event.Kind {
+			case "finished", "aborted", "error", "interrupted":
+				mu.Lock()
+				ends[fr.Event.RunID] = fr.Event.Kind
+				mu.Unlock()
+				ended <- struct{}{}
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	var live struct {
+		Tools                []string   `json:"tools"`
+		ResearchTaskSupport  string     `json:"researchTaskSupport"`
+		ProgressBeforeResult int        `json:"progressBeforeResult"`
+		ProgressIncreasing   bool       `json:"progressIncreasing"`
+		Milestone            bool       `json:"milestone"`
+		Result               callResult `json:"result"`
+		Cancelled            bool       `json:"cancelled"`
+	}
+	finish := script(t, &live, base, "live")
+	if !slices.Contains(live.Tools, "research") || !slices.Contains(live.Tools, "plan") || live.ResearchTaskSupport != "optional" {
+		t.Fatalf("tools %v (research taskSupport %q)", live.Tools, live.ResearchTaskSupport)
+	}
+	if live.ProgressBeforeResult < 3 || !live.ProgressIncreasing || !live.Milestone {
+		t.Fatalf("progress: %d notifications before the result (want ≥ 3), increasing %v, milestone %v",
+			live.ProgressBeforeResult, live.ProgressIncreasing, live.Milestone)
+	}
+	if live.Result.IsError || live.Result.Structured.Status != "completed" || live.Result.Text == "" {
+		t.Fatalf("research result %+v", live.Result)
+	}
+	if !live.Cancelled {
+		t.Fatal("the cancelled call returned a result")
+	}
+	// Both runs end: the first finished, the cancelled one aborted.
+	for {
+		mu.Lock()
+		n := len(ends)
+		mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		select {
+		case <-ended:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("runs ended: %v; want two", ends)
+		}
+	}
+	var aborted string
+	for id, kind := range ends {
+		if id == live.Result.Structured.RunID {
+			if kind != "finished" {
+				t.Fatalf("run %s ended %s", id, kind)
+			}
+			continue
+		}
+		if kind != "aborted" {
+			t.Fatalf("cancelled run %s ended %s, want aborted", id, kind)
+		}
+		aborted = id
+	}
+	finish()
+	raw, err := conn.Call(context.Background(), "inspectHelperRun", aborted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var detail struct {
+		Run        agenttool.Run         `json:"run"`
+		Inspection *agenttool.Inspection `json:"inspection"`
+	}
+	if err := json.Unmarshal(raw, &detail); err != nil {
+		t.Fatal(err)
+	}
+	if detail.Run.Status != agenttool.StatusAborted || detail.Inspection == nil || detail.Inspection.Status != agenttool.StatusAborted {
+		t.Fatalf("cancelled run: registry %s, child %+v; want both aborted", detail.Run.Status, detail.Inspection)
+	}
+}
+
+func TestTypeScriptTaskSurvivesSIGKILL(t *testing.T) {
+	requireSDK(t)
+	dir := t.TempDir()
+	srv := serve(t, dir)
+	var started struct {
+		TaskID string `json:"taskId"`
+		Status string `json:"status"`
+	}
+	script(t, &started, "http://"+srv.Host, "start-task")()
+	if started.TaskID == "" || started.Status != "working" {
+		t.Fatalf("task %+v", started)
+	}
+	// The run is in flight (its child searches for 4 s): kill the server.
+	_ = srv.Kill() // its error is the kill's
+	srv = serve(t, dir)
+	var got struct {
+		StatusBefore string     `json:"statusBefore"`
+		Result       callResult `json:"result"`
+		StatusAfter  string     `json:"statusAfter"`
+		Listed       bool       `json:"listed"`
+	}
+	script(t, &got, "http://"+srv.Host, "result", started.TaskID)()
+	if got.Result.IsError || got.Result.Structured.Status != "completed" || got.StatusAfter != "completed" || !got.Listed {
+		t.Fatalf("after SIGKILL and restart: %+v", got)
+	}
+}
