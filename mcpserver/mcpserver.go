@@ -309,7 +309,7 @@ func (h *Handler) toolHandler(e entry) mcp.ToolHandler {
 		}
 		var relay *progressRelay
 		if tok := req.Params.GetProgressToken(); tok != nil {
-			relay = newProgressRelay(h.rt, req.Session, tok)
+			relay = newProgressRelay(ctx, h.rt, req.Session, tok)
 			defer relay.close()
 		}
 		res, err := h.runAgentTool(ctx, path, e, raw, "mcp-"+ids.Random(), relay, nil)

@@ -1,6 +1,8 @@
 package mcpserver_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -499,5 +501,99 @@ func TestTaskOutlivesARestart(t *testing.T) {
 	out, rerr := s.call("tasks/result", map[string]any{"taskId": created.TaskID})
 	if rerr != nil || !strings.Contains(string(out), `"status":"completed"`) {
 		t.Fatalf("tasks/result after a restart: %s %+v", out, rerr)
+	}
+}
+
+// sseEvent is one event of a response stream.
+type sseEvent struct {
+	id   string
+	data string
+}
+
+// readEvents reads events from an event stream until stop returns true or
+// the stream ends.
+func readEvents(t *testing.T, body io.Reader, stop func(sseEvent) bool) []sseEvent {
+	t.Helper()
+	var out []sseEvent
+	var cur sseEvent
+	sc := bufio.NewScanner(body)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if cur.id != "" || cur.data != "" {
+				out = append(out, cur)
+				if stop(cur) {
+					return out
+				}
+			}
+			cur = sseEvent{}
+		case strings.HasPrefix(line, "id: "):
+			cur.id = strings.TrimPrefix(line, "id: ")
+		case strings.HasPrefix(line, "data: "):
+			cur.data += strings.TrimPrefix(line, "data: ")
+		}
+	}
+	return out
+}
+
+// TestResumeAfterADroppedStream: a client whose response stream drops
+// mid-call reconnects with Last-Event-ID and gets every progress
+// notification it missed and the result, each once.
+func TestResumeAfterADroppedStream(t *testing.T) {
+	e := start(t, demo.Options{SearchTime: 600 * time.Millisecond})
+	s := e.raw(t)
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": map[string]any{
+		"name": "research", "arguments": map[string]any{"query": "heat pumps"}, "_meta": map[string]any{"progressToken": "p"}}})
+	req, _ := http.NewRequest(http.MethodPost, s.url, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2025-11-25")
+	req.Header.Set("Mcp-Session-Id", s.sid)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read up to the first progress notification, then drop the stream.
+	first := readEvents(t, resp.Body, func(ev sseEvent) bool { return strings.Contains(ev.data, "notifications/progress") })
+	resp.Body.Close()
+	last := first[len(first)-1]
+	if last.id == "" || !strings.Contains(last.data, "notifications/progress") {
+		t.Fatalf("first events %+v: want a progress notification with an id", first)
+	}
+	get, _ := http.NewRequest(http.MethodGet, s.url, nil)
+	get.Header.Set("Accept", "text/event-stream")
+	get.Header.Set("MCP-Protocol-Version", "2025-11-25")
+	get.Header.Set("Mcp-Session-Id", s.sid)
+	get.Header.Set("Last-Event-ID", last.id)
+	resp, err = http.DefaultClient.Do(get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("resume: %d", resp.StatusCode)
+	}
+	rest := readEvents(t, resp.Body, func(ev sseEvent) bool { return strings.Contains(ev.data, `"id":99`) })
+	all := append(first, rest...)
+	progress, results := 0, 0
+	seen := map[string]bool{}
+	for _, ev := range all {
+		if ev.id != "" && seen[ev.id] {
+			t.Fatalf("event %s delivered twice", ev.id)
+		}
+		seen[ev.id] = true
+		if strings.Contains(ev.data, "notifications/progress") {
+			progress++
+		}
+		if strings.Contains(ev.data, `"id":99`) {
+			results++
+			if !strings.Contains(ev.data, `"status":"completed"`) {
+				t.Fatalf("result %s", ev.data)
+			}
+		}
+	}
+	if progress < 3 || results != 1 {
+		t.Fatalf("%d progress notifications and %d results across the drop; want ≥ 3 and 1", progress, results)
 	}
 }

@@ -23,6 +23,7 @@ const maxPendingProgress = 32
 type progressRelay struct {
 	session *mcp.ServerSession
 	token   any
+	call    context.Context // the call's: the SDK sends on the call's stream
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -34,8 +35,9 @@ type progressRelay struct {
 	last float64 // the last progress value sent (it must increase)
 }
 
-func newProgressRelay(rt *agent.Runtime, session *mcp.ServerSession, token any) *progressRelay {
-	p := &progressRelay{session: session, token: token, done: make(chan struct{})}
+// newProgressRelay returns the relay of the call whose handler runs in ctx.
+func newProgressRelay(ctx context.Context, rt *agent.Runtime, session *mcp.ServerSession, token any) *progressRelay {
+	p := &progressRelay{session: session, token: token, call: ctx, done: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
 	rt.Go(func(ctx context.Context) { p.loop(ctx) })
 	return p
@@ -88,14 +90,15 @@ func (p *progressRelay) close() {
 
 func (p *progressRelay) loop(ctx context.Context) {
 	defer close(p.done)
-	stop := context.AfterFunc(ctx, func() {
+	stopped := func() {
 		p.mu.Lock()
 		p.closed = true
 		p.pending = nil
 		p.cond.Signal()
 		p.mu.Unlock()
-	})
-	defer stop()
+	}
+	defer context.AfterFunc(ctx, stopped)()
+	defer context.AfterFunc(p.call, stopped)()
 	for {
 		p.mu.Lock()
 		for len(p.pending) == 0 && !p.closed {
@@ -108,7 +111,9 @@ func (p *progressRelay) loop(ctx context.Context) {
 		pe := p.pending[0]
 		p.pending = p.pending[1:]
 		p.mu.Unlock()
-		if err := p.session.NotifyProgress(ctx, p.params(pe)); err != nil {
+		// The call's context routes the notification to the call's own
+		// response stream (and its replay), not the session's.
+		if err := p.session.NotifyProgress(p.call, p.params(pe)); err != nil {
 			// The client went away; the call's result tells it the rest.
 			p.mu.Lock()
 			p.closed, p.pending = true, nil
