@@ -71,7 +71,9 @@ func startAuth(t testing.TB) string {
 		return nil, &agent.HTTPError{Status: http.StatusUnauthorized, Message: "who are you?"}
 	}})
 	h := mcpserver.New(mcpserver.Options{Runtime: rt, Front: front, MaxBodyBytes: 64 << 10})
-	hs := httptest.NewServer(h)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", h)
+	hs := httptest.NewServer(mux)
 	t.Cleanup(func() {
 		h.Close()
 		hs.CloseClientConnections()
@@ -80,7 +82,7 @@ func startAuth(t testing.TB) string {
 		rt.Close()
 		db.Close()
 	})
-	return hs.URL
+	return hs.URL + "/mcp"
 }
 
 func post(t testing.TB, url, body string, header map[string]string) (int, string) {

@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,8 +49,12 @@ type Options struct {
 	// and its origin rule refuses browser pages of other origins.
 	// Required.
 	Front *server.Server
-	// DefaultInstance is the instance a request runs in when its URL has
-	// no "instance" query parameter; "" means "default", the playground's.
+	// Prefix is the URL path the endpoint is mounted at; "" means "/mcp".
+	// A request to Prefix runs in the DefaultInstance, one to
+	// Prefix/{name} in the instance name (escaped as a path segment).
+	Prefix string
+	// DefaultInstance is the instance of the endpoint at Prefix itself; ""
+	// means "default", the playground's.
 	DefaultInstance string
 	// MaxBodyBytes bounds one request body; a larger one is refused with
 	// 413. Zero means 1 MiB.
@@ -100,6 +105,10 @@ func New(opts Options) *Handler {
 	if opts.DefaultInstance == "" {
 		opts.DefaultInstance = "default"
 	}
+	if opts.Prefix == "" {
+		opts.Prefix = "/mcp"
+	}
+	opts.Prefix = "/" + strings.Trim(opts.Prefix, "/")
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -173,11 +182,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "origin not allowed", http.StatusForbidden)
 		return
 	}
-	instance := r.URL.Query().Get("instance")
-	if instance == "" {
-		instance = h.opts.DefaultInstance
-	}
-	if !validInstance(instance) {
+	instance, ok := h.instanceOf(r.URL.EscapedPath())
+	if !ok {
 		http.Error(w, "malformed instance name", http.StatusBadRequest)
 		return
 	}
@@ -202,6 +208,42 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.tasks.serve(w, r, h.stream)
+}
+
+// instanceOf returns the instance an escaped URL path addresses: the
+// default one at Prefix, name at Prefix/{name}.
+func (h *Handler) instanceOf(escapedPath string) (string, bool) {
+	rest, ok := strings.CutPrefix(escapedPath, h.opts.Prefix)
+	if !ok {
+		return "", false
+	}
+	rest = strings.TrimPrefix(rest, "/")
+	if rest == "" {
+		return h.opts.DefaultInstance, true
+	}
+	name, err := url.PathUnescape(rest)
+	if err != nil || !validInstance(name) {
+		return "", false
+	}
+	return name, true
+}
+
+// Route returns the instance a request to the endpoint runs in (for a
+// cluster's router, which sends the request to that instance's owner, so
+// that an MCP session lives where its instance does); ok is false for a
+// path outside the endpoint.
+func (h *Handler) Route(escapedPath string) (path agent.Path, ok bool) {
+	if escapedPath != h.opts.Prefix && !strings.HasPrefix(escapedPath, h.opts.Prefix+"/") {
+		return nil, false
+	}
+	if h.init() != nil {
+		return nil, false
+	}
+	instance, ok := h.instanceOf(escapedPath)
+	if !ok {
+		return nil, false
+	}
+	return h.endpointPath(instance), true
 }
 
 // sessions counts the open sessions.
@@ -257,9 +299,9 @@ func (h *Handler) callOf(req *mcp.CallToolRequest) (call, error) {
 	if err != nil {
 		return call{}, fmt.Errorf("mcpserver: call without its request: %w", err)
 	}
-	inst := u.Query().Get("instance")
-	if inst == "" {
-		inst = h.opts.DefaultInstance
+	inst, ok := h.instanceOf(u.EscapedPath())
+	if !ok {
+		return call{}, errors.New("mcpserver: call without its instance")
 	}
 	r := &http.Request{Method: http.MethodPost, URL: u, RequestURI: u.RequestURI(), Header: req.Extra.Header.Clone(), Host: u.Host}
 	return call{req: r.WithContext(context.Background()), instance: inst}, nil

@@ -278,7 +278,7 @@ func TestCancelAbortsTheRunAndItsChild(t *testing.T) {
 
 func TestChatTool(t *testing.T) {
 	e := start(t, demo.Options{})
-	cs := e.connect(t, "?instance=alice", nil, nil)
+	cs := e.connect(t, "/alice", nil, nil)
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "echo-chat_chat", Arguments: map[string]any{"message": "hello there"}})
 	if err != nil {
 		t.Fatal(err)

@@ -136,10 +136,8 @@ func (t *tasks) answer(w http.ResponseWriter, r *http.Request, req rpcRequest, f
 		http.Error(w, "session not found", http.StatusNotFound)
 		return
 	}
-	c := call{req: r, instance: r.URL.Query().Get("instance")}
-	if c.instance == "" {
-		c.instance = t.h.opts.DefaultInstance
-	}
+	inst, _ := t.h.instanceOf(r.URL.EscapedPath()) // checked by ServeHTTP
+	c := call{req: r, instance: inst}
 	res, err := fn(r.Context(), c)
 	out := map[string]any{"jsonrpc": "2.0", "id": req.ID}
 	if err != nil {

@@ -66,6 +66,9 @@ func serveCluster(ctx context.Context, cl clusterFlags, o clusterServe, logw io.
 		logger.Info("agents-as-tools demo", "model", d.Provider)
 		return clusterserve.App{Runtime: d.Runtime, Handler: d.Handler(), Close: d.Close, Gate: d.Agents.CheckSubAgent,
 			Route: func(p string) (agent.Path, bool) {
+				if path, ok := d.MCP.Route(p); ok {
+					return path, true // an MCP session lives on its instance's owner
+				}
 				r, ok, err := d.Agents.ParseRoute(p)
 				return r.Path, ok && err == nil
 			}}, nil

@@ -133,6 +133,7 @@ func New(ctx context.Context, o Options) (*Demo, error) {
 	mcpH := mcpserver.New(mcpserver.Options{Runtime: rt, Front: srv})
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", mcpH)
+	mux.Handle("/mcp/", mcpH)
 	mux.Handle("/", srv)
 	return &Demo{Runtime: rt, Agents: srv, MCP: mcpH, Provider: provider, handler: mux}, nil
 }

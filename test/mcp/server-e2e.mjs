@@ -1,10 +1,12 @@
 // server-e2e.mjs drives `agentry serve`'s /mcp endpoint with the official
 // TypeScript SDK client (nothing of ours), for test/mcpserver:
 //
-//   node server-e2e.mjs BASE live        lists the tools, calls research
-//                                        with progress, cancels a second call
-//   node server-e2e.mjs BASE start-task  starts a research task; prints its id
-//   node server-e2e.mjs BASE result ID   fetches a task's result
+//   node server-e2e.mjs URL live        lists the tools, calls research
+//                                       with progress, cancels a second call
+//   node server-e2e.mjs URL start-task  starts a research task; prints its id
+//   node server-e2e.mjs URL result ID   fetches a task's result
+//
+// URL is the endpoint: http://host:port/mcp, or /mcp/{instance}.
 //
 // Each phase prints one JSON line with what it saw; the Go test asserts.
 // "live" then waits for its stdin to close before it closes the client.
@@ -12,9 +14,24 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { CallToolResultSchema } from "@modelcontextprotocol/sdk/types.js";
 
-const [base, phase, arg] = process.argv.slice(2);
-const client = new Client({ name: "agentry-e2e", version: "1.0.0" });
-await client.connect(new StreamableHTTPClientTransport(new URL(base + "/mcp")));
+const [endpoint, phase, arg] = process.argv.slice(2);
+// connect opens a session; a 503 (a cluster whose instance is changing
+// owners answers it with Retry-After) is asked again after the delay it
+// gives, as a client should, for up to a minute.
+async function connect() {
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    const client = new Client({ name: "agentry-e2e", version: "1.0.0" });
+    try {
+      await client.connect(new StreamableHTTPClientTransport(new URL(endpoint)));
+      return client;
+    } catch (e) {
+      if (!String(e?.message ?? e).includes("503") || Date.now() > deadline) throw e;
+      await new Promise((resolve) => setTimeout(resolve, 1000)); // Retry-After: 1
+    }
+  }
+}
+const client = await connect();
 const out = {};
 
 if (phase === "live") {

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/agentry/agentry/internal/testenv"
 )
 
 // serverScenarios are the scenarios of the official conformance suite
@@ -25,7 +27,7 @@ var serverScenarios = []string{
 }
 
 func TestConformanceServerScenarios(t *testing.T) {
-	requireSDK(t)
+	testenv.RequireMCP(t)
 	srv := serve(t, t.TempDir())
 	for _, sc := range serverScenarios {
 		t.Run(sc, func(t *testing.T) {
@@ -34,7 +36,7 @@ func TestConformanceServerScenarios(t *testing.T) {
 			cmd := exec.CommandContext(ctx, "node", "--import", "./node20.mjs",
 				"node_modules/@modelcontextprotocol/conformance/dist/index.js",
 				"server", "--url", "http://"+srv.Host+"/mcp", "--scenario", sc)
-			cmd.Dir = mcpDir()
+			cmd.Dir = testenv.MCPDir()
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Run(); err != nil {

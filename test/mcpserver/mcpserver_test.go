@@ -5,14 +5,8 @@
 package mcpserver
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -27,64 +21,10 @@ var agentry = &testenv.Binary{Pkg: "github.com/agentry/agentry/cmd/agentry", Rac
 
 func TestMain(m *testing.M) { testenv.Main(m, agentry) }
 
-// mcpDir is the npm folder of the MCP tests.
-func mcpDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "mcp")
-}
-
-// requireSDK skips the test when Node or the MCP npm packages are missing,
-// except in CI, where that is a failure.
-func requireSDK(t *testing.T) {
-	t.Helper()
-	_, errNode := exec.LookPath("node")
-	_, errMods := os.Stat(filepath.Join(mcpDir(), "node_modules", "@modelcontextprotocol", "sdk"))
-	if errNode == nil && errMods == nil {
-		return
-	}
-	msg := "node or test/mcp/node_modules missing: run `make npm`"
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-}
-
-// script runs server-e2e.mjs, decodes the JSON line it prints into out,
-// and returns a function that closes the script's stdin and waits for it
-// to exit (which a phase that waits for its stdin needs).
+// script runs test/mcp/server-e2e.mjs (testenv.MCPScript).
 func script(t *testing.T, out any, args ...string) (finish func()) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	cmd := exec.CommandContext(ctx, "node", append([]string{"server-e2e.mjs"}, args...)...)
-	cmd.Dir = mcpDir()
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	finish = sync.OnceFunc(func() {
-		stdin.Close()
-		err := cmd.Wait()
-		cancel()
-		if err != nil {
-			t.Errorf("node server-e2e.mjs %v: %v\n%s", args, err, stderr.String())
-		}
-	})
-	t.Cleanup(finish)
-	line, readErr := bufio.NewReader(stdout).ReadBytes('\n')
-	if err := json.Unmarshal(line, out); err != nil {
-		finish()
-		t.Fatalf("node server-e2e.mjs %v printed %q (read: %v): %v\n%s", args, line, readErr, err, stderr.String())
-	}
-	return finish
+	return testenv.MCPScript(t, out, "server-e2e.mjs", args...)
 }
 
 func serve(t *testing.T, dir string) *testenv.Process {
@@ -102,7 +42,7 @@ type callResult struct {
 }
 
 func TestTypeScriptClient(t *testing.T) {
-	requireSDK(t)
+	testenv.RequireMCP(t)
 	srv := serve(t, t.TempDir())
 	base := "http://" + srv.Host
 
@@ -142,7 +82,7 @@ func TestTypeScriptClient(t *testing.T) {
 		Result               callResult `json:"result"`
 		Cancelled            bool       `json:"cancelled"`
 	}
-	finish := script(t, &live, base, "live")
+	finish := script(t, &live, base+"/mcp", "live")
 	if !slices.Contains(live.Tools, "research") || !slices.Contains(live.Tools, "plan") || live.ResearchTaskSupport != "optional" {
 		t.Fatalf("tools %v (research taskSupport %q)", live.Tools, live.ResearchTaskSupport)
 	}
@@ -201,14 +141,14 @@ func TestTypeScriptClient(t *testing.T) {
 }
 
 func TestTypeScriptTaskSurvivesSIGKILL(t *testing.T) {
-	requireSDK(t)
+	testenv.RequireMCP(t)
 	dir := t.TempDir()
 	srv := serve(t, dir)
 	var started struct {
 		TaskID string `json:"taskId"`
 		Status string `json:"status"`
 	}
-	script(t, &started, "http://"+srv.Host, "start-task")()
+	script(t, &started, "http://"+srv.Host+"/mcp", "start-task")()
 	if started.TaskID == "" || started.Status != "working" {
 		t.Fatalf("task %+v", started)
 	}
@@ -221,7 +161,7 @@ func TestTypeScriptTaskSurvivesSIGKILL(t *testing.T) {
 		StatusAfter  string     `json:"statusAfter"`
 		Listed       bool       `json:"listed"`
 	}
-	script(t, &got, "http://"+srv.Host, "result", started.TaskID)()
+	script(t, &got, "http://"+srv.Host+"/mcp", "result", started.TaskID)()
 	if got.Result.IsError || got.Result.Structured.Status != "completed" || got.StatusAfter != "completed" || !got.Listed {
 		t.Fatalf("after SIGKILL and restart: %+v", got)
 	}
