@@ -26,7 +26,7 @@ async function connect() {
       await client.connect(new StreamableHTTPClientTransport(new URL(endpoint)));
       return client;
     } catch (e) {
-      if (!String(e?.message ?? e).includes("503") || Date.now() > deadline) throw e;
+      if (e?.code !== 503 || Date.now() > deadline) throw e;
       await new Promise((resolve) => setTimeout(resolve, 1000)); // Retry-After: 1
     }
   }
