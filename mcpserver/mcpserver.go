@@ -137,8 +137,9 @@ func (h *Handler) init() error {
 		}
 		h.tools = tools
 		h.byName = make(map[string]entry, len(tools))
+		sdkLog := slog.New(quiet{h.log.Handler()})
 		srv := mcp.NewServer(&mcp.Implementation{Name: "agentry", Title: "Agentry", Version: "0.1"}, &mcp.ServerOptions{
-			Logger:       h.log,
+			Logger:       sdkLog,
 			Instructions: "Agentry agents. Agent tools run a helper agent and report its progress; chat tools talk to an agent instance.",
 		})
 		for _, e := range tools {
@@ -155,7 +156,7 @@ func (h *Handler) init() error {
 		store := mcp.NewMemoryEventStore(nil)
 		store.SetMaxBytes(h.opts.ReplayBytes)
 		h.stream = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
-			Logger:              h.log,
+			Logger:              sdkLog,
 			EventStore:          store,
 			SessionTimeout:      h.opts.SessionTimeout,
 			MaxRequestBodyBytes: h.opts.MaxBodyBytes,
@@ -506,3 +507,16 @@ func resultOf(r agenttool.Result) *mcp.CallToolResult {
 func toolError(text string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}, IsError: true}
 }
+
+// quiet passes on the SDK's warnings and errors only: it logs every
+// session's connection at Info, which a busy endpoint would repeat for
+// each client.
+type quiet struct{ slog.Handler }
+
+func (q quiet) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && q.Handler.Enabled(ctx, l)
+}
+
+func (q quiet) WithAttrs(attrs []slog.Attr) slog.Handler { return quiet{q.Handler.WithAttrs(attrs)} }
+
+func (q quiet) WithGroup(name string) slog.Handler { return quiet{q.Handler.WithGroup(name)} }

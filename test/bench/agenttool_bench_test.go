@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
@@ -75,6 +76,18 @@ func (p *toolParent) ChatModel() model.Model { return p.k.researcher }
 // RunOnce runs one awaited Researcher and returns its result.
 func (p *toolParent) RunOnce(ctx context.Context) (agenttool.Result, error) {
 	return agenttool.RunAgentTool(ctx, p, "Researcher", agenttool.RunOptions{Input: map[string]string{"query": "q"}})
+}
+
+// researchInput is the input of the parent's research tool.
+type researchInput struct {
+	Query string `json:"query"`
+}
+
+// Tools returns the parent's agent tool, research, which the MCP endpoint
+// serves (the parent's own turns never call it: its model only writes
+// text).
+func (p *toolParent) Tools() []chat.Tool {
+	return []chat.Tool{agenttool.AgentTool[researchInput]("Researcher", agenttool.ToolOptions{Name: "research"})}
 }
 
 // OnDone is the OnFinish of detached runs.
@@ -192,12 +205,57 @@ func checkResearch(res agenttool.Result, err error) error {
 //   - ws-rpc: a WebSocket client calls the parent's callable runOnce over RPC,
 //     one call at a time, like the reference's "single awaited run, WS RPC";
 //     the client also receives the run's 28 live agent-tool-event frames.
+//   - mcp: an MCP client (the official Go SDK, streamable HTTP) calls the
+//     parent's research tool on /mcp/{name}, one call at a time, with a
+//     progress token: the same run, through the MCP front door.
 func BenchmarkAgentToolAwaited(b *testing.B) {
 	for _, w := range []int{1, 4, 16} {
 		b.Run(fmt.Sprintf("direct/workers=%d", w), func(b *testing.B) { benchAwaitedDirect(b, w, 0) })
 	}
 	b.Run("direct/workers=1/retained=5000", func(b *testing.B) { benchAwaitedDirect(b, 1, 5000) })
 	b.Run("ws-rpc", benchAwaitedRPC)
+	b.Run("mcp", benchAwaitedMCP)
+}
+
+func benchAwaitedMCP(b *testing.B) {
+	e := startToolEnv(b, newToolKit())
+	ctx := context.Background()
+	c := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil)
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: e.hs.URL + "/mcp/mcp"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cs.Close()
+	call := func() error {
+		p := &mcp.CallToolParams{Name: "research", Arguments: map[string]any{"query": "q"}}
+		p.SetProgressToken("p")
+		res, err := cs.CallTool(ctx, p)
+		if err != nil {
+			return err
+		}
+		if res.IsError || len(res.Content) != 1 || len(res.Content[0].(*mcp.TextContent).Text) != 5*researcherDeltas {
+			return fmt.Errorf("research: %+v", res)
+		}
+		return nil
+	}
+	if err := call(); err != nil {
+		b.Fatal(err)
+	}
+	lat := make([]time.Duration, b.N)
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		t0 := time.Now()
+		err := call()
+		lat[i] = time.Since(t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	reportPercentiles(b, lat, "run", "ms", 50, 95, 99)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "runs/s")
 }
 
 func benchAwaitedDirect(b *testing.B, workers, retained int) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/mcpserver"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/postgres"
@@ -117,10 +119,16 @@ func startBenchEnv(b *testing.B, classes []agent.Class, agentTools bool, sendQue
 		so.SendQueue = sendQueue[0]
 	}
 	srv := server.New(so)
-	hs := httptest.NewServer(srv)
+	mcpH := mcpserver.New(mcpserver.Options{Runtime: rt, Front: srv})
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcpH)
+	mux.Handle("/mcp/", mcpH)
+	mux.Handle("/", srv)
+	hs := httptest.NewServer(mux)
 	e := &benchEnv{db: db, sq: sq, pq: pq, rt: rt, srv: srv, hs: hs, host: strings.TrimPrefix(hs.URL, "http://")}
 	b.Cleanup(func() {
 		e.srv.Close()
+		mcpH.Close()
 		e.hs.Close()
 		e.rt.Close()
 		base.Close()
