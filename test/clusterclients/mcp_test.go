@@ -48,7 +48,7 @@ func TestMCPThroughAnyNode(t *testing.T) {
 	_ = c.nodes["a"].Kill() // the owner of the instance, mid-run; its exit status is "killed"
 	var got struct {
 		Result struct {
-			IsError    bool `json:"isError"`
+			IsError    bool   `json:"isError"`
 			Text       string `json:"text"`
 			Structured struct {
 				Status string `json:"status"`
