@@ -124,7 +124,20 @@ func TestTypeScriptClient(t *testing.T) {
 		aborted = id
 	}
 	finish()
-	raw, err := conn.Call(context.Background(), "inspectHelperRun", aborted)
+	// What `agentry runs list` shows (the Assistant's listHelperRuns): both
+	// runs, unbound (the playground lists them among its background runs).
+	raw, err := conn.Call(context.Background(), "listHelperRuns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs []agenttool.Run
+	if err := json.Unmarshal(raw, &runs); err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].ParentToolCallID != "" || runs[1].ParentToolCallID != "" {
+		t.Fatalf("listHelperRuns: %+v; want the two MCP runs, unbound", runs)
+	}
+	raw, err = conn.Call(context.Background(), "inspectHelperRun", aborted)
 	if err != nil {
 		t.Fatal(err)
 	}
