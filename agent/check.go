@@ -131,8 +131,8 @@ func checkHooks(ci *classInfo, hs []Hook) error {
 
 // embeds reports whether the class embeds the layer type.
 func (ci *classInfo) embeds(layer reflect.Type) bool {
-	for _, idx := range ci.layerIdx {
-		if ci.typ.Elem().FieldByIndex(idx).Type == layer {
+	for _, l := range ci.layers {
+		if l.typ == layer {
 			return true
 		}
 	}
