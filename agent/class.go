@@ -141,6 +141,9 @@ func goMethodName(wire string) string {
 // func([ctx context.Context,] [s *Stream,] args...) [R] [error].
 func reflectMethod(typ reflect.Type, name string) (*method, error) {
 	rm, ok := typ.MethodByName(name)
+	if !ok && name == invalidMethod {
+		return nil, fmt.Errorf("no method on %s: the key is not a method's name (agent.Method takes a method value, such as a.Remind)", typ)
+	}
 	if !ok {
 		return nil, fmt.Errorf("no method %s on %s", name, typ)
 	}
