@@ -3,11 +3,18 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"go/token"
+	"log/slog"
+	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/internal/teststore"
 )
 
 // badStart has an OnStart whose signature is not the Starter hook's.
@@ -189,6 +196,176 @@ func TestMethodKey(t *testing.T) {
 	for _, fn := range []any{func(context.Context, Payload) error { return nil }, nil, 42} {
 		if _, err := p.ScheduleAfter(ctx, time.Second, agent.Method(fn), nil); err == nil {
 			t.Errorf("a schedule of Method(%T) was accepted", fn)
+		}
+	}
+}
+
+// keyInner declares methods that keyOuter promotes.
+type keyInner struct{}
+
+func (keyInner) ByValue()    {}
+func (*keyInner) ByPointer() {}
+
+type keyOuter struct {
+	agent.Base
+	keyInner
+}
+
+func (*keyOuter) Own() {}
+
+// keyGeneric is a generic type with a method.
+type keyGeneric[T any] struct{}
+
+func (*keyGeneric[T]) Generic() {}
+
+func keyFunc() {}
+
+// TestMethodKeyDerivation pins the derivation agent.Method documents: the
+// key of a method value is the method's name, for pointer and value
+// receivers, promoted methods, generic types and interface method values,
+// and is also the name the instance's method set has; anything else
+// (a function, a closure, a method expression, nil, not a function) gets
+// one key that no method has. A Go toolchain that spells method values
+// differently fails here.
+func TestMethodKeyDerivation(t *testing.T) {
+	o := &keyOuter{}
+	var i interface{ Own() } = o
+	for _, tc := range []struct {
+		what string
+		fn   any
+		want string
+	}{
+		{"own method", o.Own, "Own"},
+		{"promoted pointer method", o.ByPointer, "ByPointer"},
+		{"promoted value method", o.ByValue, "ByValue"},
+		{"generic type's method", (&keyGeneric[int]{}).Generic, "Generic"},
+		{"interface method value", i.Own, "Own"},
+	} {
+		got := agent.Method(tc.fn)
+		if got != tc.want {
+			t.Errorf("%s: Method = %q, want %q", tc.what, got, tc.want)
+		}
+		if _, ok := reflect.TypeOf(o).MethodByName(got); !ok && tc.what != "generic type's method" {
+			t.Errorf("%s: *keyOuter has no method %q", tc.what, got)
+		}
+	}
+	var nilFunc func()
+	invalid := agent.Method(nil)
+	if token.IsIdentifier(invalid) {
+		t.Fatalf("the key of nil is %q, a name a method could have", invalid)
+	}
+	for _, tc := range []struct {
+		what string
+		fn   any
+	}{
+		{"function", keyFunc},
+		{"closure", func() {}},
+		{"method expression", (*keyOuter).Own},
+		{"nil func", nilFunc},
+		{"not a function", 42},
+	} {
+		if got := agent.Method(tc.fn); got != invalid {
+			t.Errorf("%s: Method = %q, want the invalid key %q", tc.what, got, invalid)
+		}
+	}
+}
+
+// logRecords is a slog.Handler that keeps the messages of the records it
+// gets, for tests that check what the runtime logged.
+type logRecords struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecords) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logRecords) WithGroup(string) slog.Handler            { return l }
+func (l *logRecords) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Level.String()+" "+r.Message)
+	return nil
+}
+
+func (l *logRecords) messages() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msgs...)
+}
+
+// greeter is a hook of greetLayer (layer_test.go), declared by the test.
+type greeter interface {
+	OnGreet(ctx context.Context) error
+}
+
+// lookalikes has methods that look like hooks but are none, beside a
+// real hook and a callback named as the seed names its own.
+type lookalikes struct{ agent.Base }
+
+func (l *lookalikes) OnStart(ctx context.Context) error                  { return nil } // a hook
+func (l *lookalikes) OnStrat(ctx context.Context) error                  { return nil } // misspelt OnStart
+func (l *lookalikes) OnConect(ctx context.Context, c *agent.Conn) error  { return nil } // misspelt OnConnect
+func (l *lookalikes) OnStateUpdated(ctx context.Context, s []byte) error { return nil } // OnStateUpdate, two edits
+func (l *lookalikes) OnGreet(ctx context.Context) error                  { return nil } // a hook of a layer it does not embed
+func (l *lookalikes) OnImportDone(ctx context.Context) error             { return nil } // a callback, far from every hook
+func (l *lookalikes) OnStop(ctx context.Context) error                   { return nil } // far from OnStart
+
+// greets embeds the layer whose hook OnGreet is.
+type greets struct {
+	agent.Base
+	greetLayer
+}
+
+func (g *greets) OnGreet(ctx context.Context) error { return nil }
+
+// TestHookLookalikeWarning: Start logs one warning for each method named
+// On… that is no hook the class has but looks like one (a small edit
+// from a hook's name, or the hook of a layer the class does not embed),
+// and none for hooks, a layer's hook on a class that embeds it, or a
+// callback far from every hook name. The class still starts: a
+// lookalike may be a callback named elsewhere.
+func TestHookLookalikeWarning(t *testing.T) {
+	ctx := context.Background()
+	logs := &logRecords{}
+	db := teststore.Open(t, &pg, t.TempDir())
+	t.Cleanup(func() { db.Close() })
+	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: clockwork.NewFakeClockAt(epoch), IdleTimeout: -1, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	rt.MustRegister(agent.Class{Name: "Lookalikes", New: func() agent.Agent { return &lookalikes{} }})
+	rt.MustRegister(agent.Class{Name: "Greets", New: func() agent.Agent { return &greets{} }})
+	if err := rt.DeclareHooks(agent.HookFor[greeter](reflect.TypeFor[greetLayer]())); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"OnStrat":        "looks like the hook OnStart (agent.Starter)",
+		"OnConect":       "looks like the hook OnConnect (agent.Connector)",
+		"OnStateUpdated": "looks like the hook OnStateUpdate (agent.StateObserver)",
+		"OnGreet":        "is the hook agent_test.greeter of agent_test.greetLayer, which the class does not embed",
+	}
+	got := map[string]int{}
+	for _, m := range logs.messages() {
+		if !strings.Contains(m, "nothing calls it") {
+			continue
+		}
+		if !strings.HasPrefix(m, "WARN agent: class Lookalikes: method ") {
+			t.Errorf("unexpected warning %q", m)
+			continue
+		}
+		method, _, _ := strings.Cut(strings.TrimPrefix(m, "WARN agent: class Lookalikes: method "), " ")
+		got[method]++
+		if w, ok := want[method]; !ok || !strings.Contains(m, w) {
+			t.Errorf("warning %q, want one that says %q", m, w)
+		}
+	}
+	for method := range want {
+		if got[method] != 1 {
+			t.Errorf("%s: %d warnings, want 1 (logs: %q)", method, got[method], logs.messages())
 		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"unicode"
 	"unicode/utf8"
-	"unsafe"
 )
 
 // Class describes an agent class to register with a Runtime.
@@ -53,7 +52,7 @@ type classInfo struct {
 	route     string
 	typ       reflect.Type
 	callables map[string]*method
-	layerIdx  [][]int // field index paths of embedded layers, innermost first
+	layers    []layerRef // embedded layers, innermost first
 }
 
 var (
@@ -91,7 +90,11 @@ func newClassInfo(c Class) (*classInfo, error) {
 	if ci.typ.Kind() != reflect.Pointer || ci.typ.Elem().Kind() != reflect.Struct {
 		return nil, fmt.Errorf("agent: class %s: New must return a pointer to a struct that embeds agent.Base", c.Name)
 	}
-	ci.layerIdx = findLayers(ci.typ.Elem(), nil)
+	layers, err := findLayers(sample)
+	if err != nil {
+		return nil, fmt.Errorf("agent: class %s: %w", c.Name, err)
+	}
+	ci.layers = layers
 	for _, wire := range c.Callable {
 		if from, ok := ci.frameworkMethod(goMethodName(wire)); ok {
 			return nil, fmt.Errorf("agent: class %s: callable %q: %s is a framework method (of %s), which clients must not call; "+
@@ -117,10 +120,9 @@ func (ci *classInfo) frameworkMethod(name string) (string, bool) {
 	if _, ok := baseType.MethodByName(name); ok {
 		return "agent.Base", true
 	}
-	for _, idx := range ci.layerIdx {
-		t := ci.typ.Elem().FieldByIndex(idx).Type
-		if _, ok := reflect.PointerTo(t).MethodByName(name); ok {
-			return t.String(), true
+	for _, l := range ci.layers {
+		if _, ok := reflect.PointerTo(l.typ).MethodByName(name); ok {
+			return l.typ.String(), true
 		}
 	}
 	return "", false
@@ -139,6 +141,9 @@ func goMethodName(wire string) string {
 // func([ctx context.Context,] [s *Stream,] args...) [R] [error].
 func reflectMethod(typ reflect.Type, name string) (*method, error) {
 	rm, ok := typ.MethodByName(name)
+	if !ok && name == invalidMethod {
+		return nil, fmt.Errorf("no method on %s: the key is not a method's name (agent.Method takes a method value, such as a.Remind)", typ)
+	}
 	if !ok {
 		return nil, fmt.Errorf("no method %s on %s", name, typ)
 	}
@@ -225,42 +230,4 @@ func (m *method) invoke(ctx context.Context, recv reflect.Value, stream *Stream,
 		return out[0].Interface(), nil
 	}
 	return nil, nil
-}
-
-// findLayers returns the index paths of the struct fields embedded (at any
-// depth) in t whose pointer implements Layer, innermost first.
-func findLayers(t reflect.Type, prefix []int) [][]int {
-	var out [][]int
-	for i := 0; i < t.NumField(); i++ {
-		f := t.Field(i)
-		if !f.Anonymous || f.Type.Kind() != reflect.Struct {
-			continue
-		}
-		idx := append(append([]int(nil), prefix...), i)
-		inner := findLayers(f.Type, idx)
-		out = append(out, inner...)
-		// A struct that embeds a layer implements Layer by promotion: it is
-		// that layer, not another one.
-		if len(inner) == 0 && reflect.PointerTo(f.Type).Implements(layerType) {
-			out = append(out, idx)
-		}
-	}
-	return out
-}
-
-var layerType = reflect.TypeFor[Layer]()
-
-// layersOf returns the embedded layers of a, innermost first.
-func (ci *classInfo) layersOf(a Agent) []Layer {
-	if len(ci.layerIdx) == 0 {
-		return nil
-	}
-	v := reflect.ValueOf(a).Elem()
-	out := make([]Layer, 0, len(ci.layerIdx))
-	for _, idx := range ci.layerIdx {
-		f := v.FieldByIndex(idx)
-		// NewAt reaches layers embedded through unexported fields too.
-		out = append(out, reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Interface().(Layer))
-	}
-	return out
 }

@@ -69,16 +69,29 @@ func (h ClassHandle[T]) Get(ctx context.Context, rt *Runtime, path Path) (T, err
 
 // Method returns the durable key of a method value — the method's name —
 // for the APIs that take a callback by name because it must survive a
-// restart (schedules, agenttool.DetachedOptions.OnFinish): the key is
-// stored, and resolved again on the rehydrated instance when the callback
-// is due. Passing the method value instead of its name lets the compiler
-// check that the method exists:
+// restart (schedules, agenttool.DetachedOptions.OnFinish, whose typed
+// form is agenttool.OnFinish): the key is stored, and resolved again on
+// the rehydrated instance when the callback is due. Passing the method
+// value instead of its name lets the compiler check that the method
+// exists:
 //
 //	b.ScheduleAfter(ctx, time.Hour, agent.Method(a.Remind), payload)
 //
+// How the key is derived: a method value x.M is a function whose code is
+// a wrapper the compiler names after the method, "pkg.(*T).M-fm" (or
+// "pkg.T.M-fm", "pkg.I.M-fm" for an interface, where T is the type that
+// declares M, also when x embeds it). Method reads that name with
+// runtime.FuncForPC and keeps what follows the last dot before "-fm": M,
+// which is also the name the instance's method set has for it. The API
+// that takes the key checks it when the callback is given (a schedule
+// when it is created, an OnFinish when its run is dispatched): an
+// instance without a method of that name and signature is refused then,
+// not when the callback is due.
+//
 // fn must be a method value (x.M): for anything else (a function, a
-// closure, nil) Method returns a key that no method has, which those APIs
-// refuse when it is given.
+// closure, a method expression (*T).M, nil) Method returns a key that no
+// method has, which those APIs refuse. TestMethodKeyDerivation pins the
+// compiler's spelling.
 func Method(fn any) string {
 	v := reflect.ValueOf(fn)
 	if v.Kind() != reflect.Func || v.IsNil() {

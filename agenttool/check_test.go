@@ -174,25 +174,34 @@ func TestAgentToolUnknownClassFailsStart(t *testing.T) {
 }
 
 // TestOnFinishMethodValue: a detached run's OnFinish given as a method
-// value (agent.Method) is the method's name; a closure is refused at
-// dispatch.
+// value (agenttool.OnFinish, or agent.Method) is the method's name; a
+// closure is refused at dispatch, with an error that says what to give.
 func TestOnFinishMethodValue(t *testing.T) {
 	k := newDetKit()
 	env := detStart(t, k, "")
 	ctx := detCtx(t)
 	p := detParentOf(t, env, "mv")
+	if got := agenttool.OnFinish(p.OnDone); got != "OnDone" {
+		t.Fatalf("OnFinish(p.OnDone) = %q", got)
+	}
 	if agent.Method(p.OnDone) != "OnDone" {
 		t.Fatalf("Method(p.OnDone) = %q", agent.Method(p.OnDone))
 	}
-	detDispatch(t, ctx, p, "DetWorker", "mv-1", agenttool.DetachedOptions{OnFinish: agent.Method(p.OnDone)})
+	detDispatch(t, ctx, p, "DetWorker", "mv-1", agenttool.DetachedOptions{OnFinish: agenttool.OnFinish(p.OnDone)})
 	if r := detRun(t, p, "mv-1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("run %+v", r)
 	}
 	closure := func(context.Context, agenttool.Run, agenttool.Result) error { return nil }
-	_, err := agenttool.RunAgentTool(ctx, p, "DetWorker", agenttool.RunOptions{Input: "x", RunID: "mv-2",
-		Detached: &agenttool.DetachedOptions{OnFinish: agent.Method(closure)}})
-	if err == nil {
-		t.Fatal("a closure as OnFinish was accepted")
+	for _, key := range []string{agent.Method(closure), agenttool.OnFinish(closure)} {
+		_, err := agenttool.RunAgentTool(ctx, p, "DetWorker", agenttool.RunOptions{Input: "x", RunID: "mv-2",
+			Detached: &agenttool.DetachedOptions{OnFinish: key}})
+		if err == nil || !strings.Contains(err.Error(), "agenttool.OnFinish(a.OnDone)") {
+			t.Fatalf("a closure as OnFinish: %v, want a refusal that says what to give", err)
+		}
+	}
+	if _, err := agenttool.RunAgentTool(ctx, p, "DetWorker", agenttool.RunOptions{Input: "x", RunID: "mv-3",
+		Detached: &agenttool.DetachedOptions{OnFinish: "OnDoen"}}); err == nil || !strings.Contains(err.Error(), `"OnDoen" does not exist`) {
+		t.Fatalf("a misspelt OnFinish: %v, want a refusal naming it", err)
 	}
 	k.finishWorker(t, ctx)
 	k.waitCall(t, ctx, "done")

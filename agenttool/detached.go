@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/token"
 	"reflect"
 	"time"
 
@@ -19,9 +20,12 @@ import (
 type DetachedOptions struct {
 	// OnFinish names a method of the parent, func(ctx context.Context, run
 	// Run, result Result) error, called once when the run ends (at least
-	// once if it fails). It is resolved by name on the rehydrated parent, so
-	// it survives restarts; an unknown name is refused at dispatch. It wins
-	// over Notify.
+	// once if it fails). Give it with the function OnFinish and a method
+	// value, OnFinish(a.OnImportDone), so that the compiler checks the
+	// method and its signature, or as the method's name ("OnImportDone").
+	// It is resolved by name on the rehydrated parent, so it survives
+	// restarts; a name the parent has no such method for is refused at
+	// dispatch. It wins over Notify.
 	OnFinish string
 	// Notify adds a message about the run's end to the parent's chat and
 	// lets its model take a turn with it (chat parents only).
@@ -40,6 +44,22 @@ type DetachedOptions struct {
 	// OnMilestones posts a chat message when the child reaches one of
 	// these milestones (each at most once per run).
 	OnMilestones *MilestoneNotices
+}
+
+// OnFinish returns the durable key of a detached run's completion
+// callback given as a method value of the parent, for
+// DetachedOptions.OnFinish:
+//
+//	Detached: &agenttool.DetachedOptions{OnFinish: agenttool.OnFinish(a.OnImportDone)}
+//
+// The compiler checks the callback's signature; the key is the method's
+// name, derived as agent.Method documents, and RunAgentTool checks when it
+// dispatches the run that the parent has a method of that name and
+// signature. A function that is not a method value (a closure) gets a key
+// that dispatch refuses: the callback must outlive the process, so it is
+// a method found again on the rehydrated parent.
+func OnFinish(fn func(ctx context.Context, run Run, result Result) error) string {
+	return agent.Method(fn)
 }
 
 // MilestoneMode says how a milestone notification reaches the chat.
@@ -98,6 +118,10 @@ var (
 // onFinishMethod finds the parent's OnFinish method by name.
 func onFinishMethod(a agent.Agent, name string) (reflect.Value, error) {
 	m := reflect.ValueOf(a).MethodByName(name)
+	if !m.IsValid() && !token.IsIdentifier(name) {
+		return reflect.Value{}, fmt.Errorf("agenttool: OnFinish %q is not a method name: give a method value of the parent, "+
+			"agenttool.OnFinish(a.OnDone), or its name", name)
+	}
 	if !m.IsValid() {
 		return reflect.Value{}, fmt.Errorf("agenttool: OnFinish method %q does not exist on %T", name, a)
 	}

@@ -31,6 +31,11 @@ var (
 	_ agent.LayerStarted      = (*Base)(nil)
 )
 
+// ChatBase returns b itself. It is the layer's accessor (agent.Layer): the
+// runtime reaches the chat layer of an agent through it, whichever fields
+// it is embedded through.
+func (b *Base) ChatBase() *Base { return b }
+
 // wakeReason is the KeepAwake reason of an instance with unfinished turns.
 const wakeReason = "chat"
 

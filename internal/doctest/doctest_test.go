@@ -12,8 +12,24 @@ import (
 	"github.com/agentry/agentry/internal/doctest"
 )
 
-// root is the module's root folder.
-var root = filepath.Join("..", "..")
+// root is the module's root folder: the nearest folder above the test's
+// that holds go.mod.
+var root = moduleRoot()
+
+func moduleRoot() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		panic(err)
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			panic("doctest: no go.mod above " + dir)
+		}
+	}
+}
 
 func markdown(t *testing.T) []doctest.Block {
 	t.Helper()

@@ -17,10 +17,26 @@ import (
 	"go.uber.org/goleak"
 )
 
-// moduleRoot returns the folder of the module's go.mod.
+// moduleRoot returns the folder of the module's go.mod: the nearest
+// folder above this file's that has one, so the kit may move in the tree.
 func moduleRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return findModuleRoot(filepath.Dir(file))
+}
+
+// findModuleRoot returns dir or the nearest folder above it that holds a
+// go.mod, or dir itself when none does.
+func findModuleRoot(dir string) string {
+	for d := dir; ; {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return dir
+		}
+		d = parent
+	}
 }
 
 // BuildBinary builds the command pkg (an import path of this module) into a

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -136,8 +135,7 @@ func (e *Env) URL(path string) string { return "ws://" + e.Host + path }
 
 // NPMDir returns the folder of the npm test scripts.
 func NPMDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "test", "npm")
+	return filepath.Join(moduleRoot(), "test", "npm")
 }
 
 // RequireNode skips the test when Node or the npm packages are missing,
