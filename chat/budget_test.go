@@ -434,9 +434,10 @@ func (a *guardedChat) ShouldKeepRecovering(ctx context.Context, p chat.RecoveryP
 }
 
 // TestRecoverySealsCutStep: a declarative turn cut mid-text twice and then
-// sealed keeps what every client saw: the cut text parts closed with the
-// interrupted mark, the cut steps marked, and the terminal message after
-// them as the only visible text of the answer.
+// sealed keeps what every client saw: the first cut text closed with the
+// continued mark (the next life went on from it), the second with the
+// interrupted mark and its step marked, and the terminal message after
+// them; the answer is the continued text and the terminal message.
 func TestRecoverySealsCutStep(t *testing.T) {
 	dir := t.TempDir()
 	mclk := clockwork.NewFakeClock()
@@ -483,12 +484,14 @@ func TestRecoverySealsCutStep(t *testing.T) {
 	if err != nil || res.Exhausted != chat.ExhaustRecoveryAborted {
 		t.Fatalf("result %+v, %v", res, err)
 	}
-	if got := chat.MessageText(res.Message); got != chat.DefaultRecoveryTerminalMessage {
-		t.Fatalf("visible answer %q, want only the terminal message", got)
+	if got, want := chat.MessageText(res.Message), "You said: sa"+chat.DefaultRecoveryTerminalMessage; got != want {
+		t.Fatalf("visible answer %q, want %q: the continued text and the terminal message", got, want)
 	}
-	var cutText, marks, steps int
+	var cutText, continued, marks, steps int
 	for _, p := range res.Message.Parts {
 		switch {
+		case p.Type == message.PartText && string(p.ProviderMetadata) == string(message.ContinuedMetadata):
+			continued++
 		case p.Type == message.PartText && p.Interrupted():
 			cutText++
 			if p.State != "done" {
@@ -500,8 +503,9 @@ func TestRecoverySealsCutStep(t *testing.T) {
 			steps++
 		}
 	}
-	if cutText != 2 || marks != 2 || steps != 2 {
-		t.Fatalf("%d cut text parts, %d cut-step marks, %d steps; want 2 each: %+v", cutText, marks, steps, res.Message.Parts)
+	if continued != 1 || cutText != 1 || marks != 1 || steps != 2 {
+		t.Fatalf("%d continued and %d cut text parts, %d cut-step marks, %d steps; want 1, 1, 1, 2: %+v",
+			continued, cutText, marks, steps, res.Message.Parts)
 	}
 	if n := len(m.Calls()); n != 2 {
 		t.Fatalf("%d model calls, want 2 (none after the seal)", n)

@@ -152,12 +152,18 @@ func (tt *Turn) modelView() message.Message {
 	return m
 }
 
-// countSteps counts completed steps (step-start parts) in a message.
+// countSteps counts completed steps (step-start parts) in a message. A
+// step a restart cut and the model continued (marked with a
+// message.ContinuedStepName data part) is one model step with the step
+// that continues it, and is not counted.
 func countSteps(m message.Message) int {
 	n := 0
 	for _, p := range m.Parts {
-		if p.Type == message.PartStepStart {
+		switch p.Type {
+		case message.PartStepStart:
 			n++
+		case message.DataPartPrefix + message.ContinuedStepName:
+			n--
 		}
 	}
 	return n
@@ -192,7 +198,11 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 		}
 		return nil
 	}
+	ids := tt.callIDs()
 	for ev, err := range tt.t.c.streamModel(ctx, m, req) {
+		if ev.ToolCallID != "" {
+			ev.ToolCallID = ids.of(ev.ToolCallID)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, "", context.Cause(ctx)
@@ -294,6 +304,49 @@ func (tt *Turn) streamStep(ctx context.Context, m model.Model, req *model.Reques
 		return nil, "", err
 	}
 	return calls, finish, nil
+}
+
+// callIDMap gives each tool call id a model streams in one step the id the
+// conversation knows it by: the model's own, unless an earlier call of the
+// conversation has it (a model that repeats an id, such as the scripted
+// one asked the same request again after a restart cut its call), in which
+// case "<id>_<n>" with the smallest n > 1 that is free. No conversation
+// holds two calls with one id, which providers reject.
+type callIDMap struct {
+	used   map[string]bool
+	mapped map[string]string
+}
+
+// callIDs returns the map of a new step: every tool call id of the
+// transcript and of the message so far, parts left out of the model's view
+// included, is taken.
+func (tt *Turn) callIDs() *callIDMap {
+	used := map[string]bool{}
+	add := func(m message.Message) {
+		for _, p := range m.Parts {
+			if p.IsTool() && p.ToolCallID != "" {
+				used[p.ToolCallID] = true
+			}
+		}
+	}
+	for _, m := range tt.Messages {
+		add(m)
+	}
+	add(tt.Message())
+	return &callIDMap{used: used, mapped: map[string]string{}}
+}
+
+func (c *callIDMap) of(id string) string {
+	if to, ok := c.mapped[id]; ok {
+		return to
+	}
+	to := id
+	for n := 2; c.used[to]; n++ {
+		to = fmt.Sprintf("%s_%d", id, n)
+	}
+	c.used[to] = true
+	c.mapped[id] = to
+	return to
 }
 
 // executeCalls runs the valid calls in parallel and writes each result as it

@@ -14,6 +14,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
 )
@@ -34,6 +35,14 @@ func slowModel(clk clockwork.Clock, rules ...scripted.Rule) *scripted.Model {
 // stays unfinished in storage). It returns the turn id and the highest
 // persisted seq.
 func crashMidTurn(t *testing.T, r *rig, rclk, mclk *clockwork.FakeClock, m *scripted.Model, a chatter, question string, call, more int) (string, int) {
+	t.Helper()
+	return crashMidTurnAt(t, r, mclk, m, a, question, call, more, message.ChunkTextDelta, 1+more)
+}
+
+// crashMidTurnAt is crashMidTurn for a model call that streams chunks of
+// type delta (text-delta, tool-input-delta), of which want are stored
+// when the process dies.
+func crashMidTurnAt(t *testing.T, r *rig, mclk *clockwork.FakeClock, m *scripted.Model, a chatter, question string, call, more int, delta string, want int) (string, int) {
 	t.Helper()
 	ctx := testCtx(t)
 	id, err := a.SubmitMessages(ctx, []message.Message{userMsg(question)}, chat.SubmitOptions{})
@@ -56,9 +65,9 @@ func crashMidTurn(t *testing.T, r *rig, rclk, mclk *clockwork.FakeClock, m *scri
 		t.Fatal(err)
 	}
 	textDeltas := func() int {
-		return count(t, r.sq, `SELECT COUNT(*) FROM chat_chunks WHERE stream_id = ? AND body LIKE '%"text-delta"%'`, id)
+		return count(t, r.sq, `SELECT COUNT(*) FROM chat_chunks WHERE stream_id = ? AND body LIKE ?`, id, `%"`+delta+`"%`)
 	}
-	r.db.waitFor(t, "the streamed chunks to be persisted", func() bool { return textDeltas() == 1+more })
+	r.db.waitFor(t, "the streamed chunks to be persisted", func() bool { return textDeltas() == want })
 	var maxSeq int
 	if err := r.sq.View(ctx, func(tx store.Tx) error {
 		return tx.QueryRow(ctx, `SELECT MAX(seq) FROM chat_chunks WHERE stream_id = ?`, id).Scan(&maxSeq)
@@ -162,12 +171,15 @@ func TestRecoverContinueKeepsToolStep(t *testing.T) {
 	if len(calls) != 3 || calls[2].Rule != "answer" {
 		t.Fatalf("model calls %d (last rule %q), want 3 ending with the answer after the kept tool result", len(calls), calls[len(calls)-1].Rule)
 	}
+	if conv := calls[2].Request.Messages; conv[len(conv)-1].Role != model.RoleAssistant || conv[len(conv)-1].Content[0].Text != answer[:4*3] {
+		t.Fatalf("the recovered step's request ends %+v, want the cut text %q to continue", conv[len(conv)-1], answer[:4*3])
+	}
 	asst := onlyAssistant(t, a.Messages())
 	if got := chat.MessageText(asst); got != answer {
-		t.Fatalf("answer %q, want %q (the cut text is kept but marked, not part of the answer)", got, answer)
+		t.Fatalf("answer %q, want %q (the cut text, then the rest of it)", got, answer)
 	}
-	if got, want := allText(asst), answer[:4*3]+answer; got != want {
-		t.Fatalf("parts' text %q, want %q (the kept cut text, then the whole answer)", got, want)
+	if got := allText(asst); got != answer {
+		t.Fatalf("parts' text %q, want %q: the recovered turn restated what was already streamed", got, answer)
 	}
 	tp := toolParts(asst)
 	if len(tp) != 1 || tp[0].State != message.StateOutputAvailable || string(tp[0].Output) != "42" {
@@ -355,5 +367,102 @@ func TestRecoverCollectsFinishedStream(t *testing.T) {
 	}
 	if got := streamStatus(t, dir, res.ID); got != "done" {
 		t.Fatalf("status %q", got)
+	}
+}
+
+// TestRecoverContinueGoesOnFromCutText: a one-step answer cut in its text
+// is continued where the stored text stops (the scripted model is a
+// model.Continuer): the message's parts hold the answer once, the cut part
+// is marked continued and counts as answer.
+func TestRecoverContinueGoesOnFromCutText(t *testing.T) {
+	dir := t.TempDir()
+	mclk := clockwork.NewFakeClock()
+	m := slowModel(mclk)
+	classes := []agent.Class{chatClass("Bot", &kit{model: m})}
+	r1 := newRig(t, rigOptions{dir: dir, clock: clockwork.NewFakeClock(), classes: classes})
+	const question = "tell me something long enough to be cut"
+	id, _ := crashMidTurn(t, r1, nil, mclk, m, getChat(t, r1.rt, "Bot", "cut"), question, 1, 3)
+
+	r2 := newRig(t, rigOptions{dir: dir, classes: classes})
+	stop := pump(mclk, modelDelay)
+	defer stop()
+	r2.turns.wait(t, "turn", "stream", id)
+	stop()
+	a := getChat(t, r2.rt, "Bot", "cut")
+	if res, err := a.WaitTurn(testCtx(t), id); err != nil || res.Outcome != chat.OutcomeCompleted {
+		t.Fatalf("recovered turn: %+v, %v", res, err)
+	}
+	want := "You said: " + question
+	asst := onlyAssistant(t, a.Messages())
+	if got := allText(asst); got != want {
+		t.Fatalf("parts' text %q, want %q: the recovered turn restated what was already streamed", got, want)
+	}
+	if got := chat.MessageText(asst); got != want {
+		t.Fatalf("answer %q, want %q", got, want)
+	}
+	var texts []message.Part
+	for _, p := range asst.Parts {
+		if p.Type == message.PartText {
+			texts = append(texts, p)
+		}
+	}
+	if len(texts) != 2 || string(texts[0].ProviderMetadata) != string(message.ContinuedMetadata) || texts[0].Text != want[:4*4] {
+		t.Fatalf("text parts %+v, want the cut one (marked continued) and its rest", texts)
+	}
+}
+
+// TestRecoveredToolCallGetsFreshID: a turn cut while the model streamed a
+// tool call's input is recovered; the model, asked the same request again,
+// repeats the call's id (the scripted model derives it from the request),
+// and the conversation still never holds two calls with one id: the cut
+// call keeps its id and the new one gets another.
+func TestRecoveredToolCallGetsFreshID(t *testing.T) {
+	dir := t.TempDir()
+	mclk := clockwork.NewFakeClock()
+	m := slowModel(mclk,
+		scripted.Rule{Name: "answer", Match: scripted.LastIsToolResult, Reply: scripted.Always(scripted.Reply{scripted.Text("Done.")})},
+		scripted.Rule{Name: "call", Reply: scripted.Always(scripted.Reply{scripted.ToolCall("lookup", json.RawMessage(`{"what":"a long enough input"}`))})},
+	)
+	var runs atomic.Int64
+	k := &kit{model: m, tools: []chat.Tool{chat.NewTool("lookup", "Looks it up.", func(ctx context.Context, in struct {
+		What string `json:"what"`
+	}) (int, error) {
+		runs.Add(1)
+		return 42, nil
+	})}}
+	classes := []agent.Class{chatClass("Bot", k)}
+	r1 := newRig(t, rigOptions{dir: dir, clock: clockwork.NewFakeClock(), classes: classes})
+	id, _ := crashMidTurnAt(t, r1, mclk, m, getChat(t, r1.rt, "Bot", "ids"), "look it up", 1, 2, message.ChunkToolInputDelta, 2)
+
+	r2 := newRig(t, rigOptions{dir: dir, classes: classes})
+	stop := pump(mclk, modelDelay)
+	defer stop()
+	r2.turns.wait(t, "turn", "stream", id)
+	stop()
+	a := getChat(t, r2.rt, "Bot", "ids")
+	if res, err := a.WaitTurn(testCtx(t), id); err != nil || res.Outcome != chat.OutcomeCompleted {
+		t.Fatalf("recovered turn: %+v, %v", res, err)
+	}
+	calls := m.Calls()
+	if len(calls) != 3 || calls[1].Rule != "call" {
+		t.Fatalf("%d model calls, want 3: the cut call, the same request again, the answer", len(calls))
+	}
+	tp := toolParts(onlyAssistant(t, a.Messages()))
+	if len(tp) != 2 || tp[0].ToolCallID == tp[1].ToolCallID {
+		t.Fatalf("tool parts %+v, want the cut call and a new one with another id", tp)
+	}
+	if !tp[0].Interrupted() || tp[1].Interrupted() || tp[1].State != message.StateOutputAvailable || runs.Load() != 1 {
+		t.Fatalf("tool parts %+v, runs %d: want the cut call marked and the new one run once", tp, runs.Load())
+	}
+	seen := map[string]bool{}
+	for _, msg := range calls[2].Request.Messages {
+		for _, c := range msg.Content {
+			if c.Kind == model.ContentToolCall {
+				if seen[c.ToolCallID] {
+					t.Fatalf("the model's conversation repeats the tool call id %q", c.ToolCallID)
+				}
+				seen[c.ToolCallID] = true
+			}
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/store"
 )
 
@@ -669,15 +670,27 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		return policy, false, nil
 	}
 	text, reasoning, tools := b.OpenParts()
+	pending := pendingCallsOf(b.Message())
+	// A step cut while the model streamed it (its text, or the input of a
+	// tool call, with no call of it complete) goes on where its text stops
+	// when the model can continue an answer: the cut text stays part of
+	// the answer and the model is shown it; a cut call is left out, and the
+	// model calls again.
+	continues := !custom && policy == RecoverContinue && t.sealed == nil && stepOpen &&
+		len(pending) == 0 && !stepHasCalls(b.Message()) && c.modelContinues(ctx)
+	cut := message.InterruptedMetadata
+	if continues {
+		cut = message.ContinuedMetadata
+	}
 	var closing []message.Chunk
 	for _, p := range text {
 		ch := message.TextEnd(p.ID)
-		ch.ProviderMetadata = message.InterruptedMetadata
+		ch.ProviderMetadata = cut
 		closing = append(closing, ch)
 	}
 	for _, p := range reasoning {
 		ch := message.ReasoningEnd(p.ID)
-		ch.ProviderMetadata = message.InterruptedMetadata
+		ch.ProviderMetadata = cut
 		closing = append(closing, ch)
 	}
 	for _, tc := range tools {
@@ -685,8 +698,13 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		ch.ProviderMetadata = message.InterruptedMetadata
 		closing = append(closing, ch)
 	}
-	if pending := pendingCallsOf(b.Message()); stepOpen {
+	if stepOpen {
 		switch {
+		case continues:
+			// The cut step ends as it stands, marked; the model's next
+			// step goes on from its text.
+			closing = append(closing, message.Data(message.ContinuedStepName, "", json.RawMessage(`{"reason":"restart"}`), false),
+				message.FinishStep())
 		case !custom && policy != RecoverRetry && t.sealed == nil && len(pending) > 0:
 			// The loop runs the step's calls that have no result and
 			// closes the step (at least once: a call may have been
@@ -721,6 +739,29 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		t.hidden = len(t.builder.Message().Parts)
 	}
 	return policy, false, nil
+}
+
+// modelContinues reports whether the declarative turn's model goes on
+// with a cut answer (model.Continuer).
+func (c *core) modelContinues(ctx context.Context) bool {
+	var o LoopOptions
+	_ = agent.Enter(ctx, c.self, func(context.Context) error {
+		o = c.loopOptions()
+		return nil
+	})
+	m, ok := o.Model.(model.Continuer)
+	return ok && m.ContinuesAnswers()
+}
+
+// stepHasCalls reports whether the message's last step has a tool call
+// whose input is complete.
+func stepHasCalls(m message.Message) bool {
+	for i := len(m.Parts) - 1; i >= 0 && m.Parts[i].Type != message.PartStepStart; i-- {
+		if m.Parts[i].IsTool() && m.Parts[i].State != message.StateInputStreaming {
+			return true
+		}
+	}
+	return false
 }
 
 // stepHasTools reports whether the message's last step has a tool call.

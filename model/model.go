@@ -29,6 +29,18 @@ type Namer interface {
 	ModelName() string
 }
 
+// Continuer is implemented by models that go on with an answer a restart
+// cut short instead of starting it over. When a chat turn is cut in the
+// middle of its answer text (no tool call of the step was cut), recovery
+// shows such a model the cut text as it was stored: the request ends with
+// an assistant message holding it, and the model's reply is what follows
+// it (ContinuesAnswers true). Other models are not shown the cut text and
+// answer anew after it. An Anthropic-style provider could implement it by
+// prefilling; providers that cannot continue a partial answer should not.
+type Continuer interface {
+	ContinuesAnswers() bool
+}
+
 // Request is one completion request.
 type Request struct {
 	// System is the system prompt; empty means none.

@@ -349,9 +349,17 @@ func (a *Approval) clone() *Approval {
 // model is shown and of the message's text.
 var InterruptedMetadata = json.RawMessage(`{"agentry":{"interrupted":true}}`)
 
-// Interrupted reports whether the part was cut short by a restart (see
-// InterruptedMetadata): a text or reasoning part, or a tool call whose
-// input was still streaming.
+// ContinuedMetadata is the provider metadata of a text or reasoning part a
+// restart cut short and that the turn's model went on with (a
+// model.Continuer): it stays part of the answer, and the next part of the
+// message holds the rest of it. Clients get the mark in the part's end
+// chunk, as with InterruptedMetadata.
+var ContinuedMetadata = json.RawMessage(`{"agentry":{"interrupted":true,"continued":true}}`)
+
+// Interrupted reports whether the part was cut short by a restart and left
+// out of the answer (see InterruptedMetadata): a text or reasoning part,
+// or a tool call whose input was still streaming. A part marked with
+// ContinuedMetadata is not: its answer goes on in the next part.
 func (p Part) Interrupted() bool {
 	marked := func(meta json.RawMessage) bool {
 		if len(meta) == 0 {
@@ -360,9 +368,10 @@ func (p Part) Interrupted() bool {
 		var m struct {
 			Agentry struct {
 				Interrupted bool `json:"interrupted"`
+				Continued   bool `json:"continued"`
 			} `json:"agentry"`
 		}
-		return json.Unmarshal(meta, &m) == nil && m.Agentry.Interrupted
+		return json.Unmarshal(meta, &m) == nil && m.Agentry.Interrupted && !m.Agentry.Continued
 	}
 	switch {
 	case p.IsTool():
@@ -378,6 +387,13 @@ func (p Part) Interrupted() bool {
 // end. The step stays in the message for the people who saw it; the model
 // is not shown it and it is not part of the message's text (Visible).
 const InterruptedStepName = "agentry-interrupted"
+
+// ContinuedStepName is the name of the data part ("data-agentry-continued")
+// that recovery writes into a step a restart cut short and that the model
+// goes on with in the next step (see ContinuedMetadata). The step stays
+// part of the answer; with the step that continues it, it is one model
+// step.
+const ContinuedStepName = "agentry-continued"
 
 // Visible returns the parts of an assistant message that count as its
 // answer: without the parts a restart cut short (Interrupted) and without

@@ -69,6 +69,9 @@ type Cluster struct {
 	logs   *tail
 	n      int               // databases created
 	named  map[string]string // Named's key → database
+	bin    string            // the folder of postgres
+	cred   *syscall.Credential
+	down   bool // the server was stopped by StopServer
 }
 
 // Wrap returns m with a Run that stops the cluster after the tests ran,
@@ -118,6 +121,10 @@ func (c *Cluster) URL(t testing.TB) string {
 	t.Cleanup(func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		if c.admin == nil {
+			t.Errorf("pgtest: database %s not dropped: the server is stopped (StopServer without StartServer)", name)
+			return
+		}
 		// WITH (FORCE) ends the connections a failed test left open.
 		if _, err := c.admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 			t.Errorf("pgtest: drop database %s: %v", name, err)
@@ -131,6 +138,9 @@ func (c *Cluster) URL(t testing.TB) string {
 func (c *Cluster) create() (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.admin == nil {
+		return "", errors.New("the server is stopped")
+	}
 	c.n++
 	name := "t_" + strconv.Itoa(c.n)
 	if _, err := c.admin.Exec(context.Background(), "CREATE DATABASE "+name+" TEMPLATE template0"); err != nil {
@@ -229,6 +239,66 @@ func (c *Cluster) stop() error {
 	return err
 }
 
+// StopServer stops the server without removing its data, as `pg_ctl stop`
+// does: with immediate, at once (SIGQUIT, `-m immediate`: the server
+// processes exit without a checkpoint, and the next start recovers from
+// the WAL, as after a crash), else with a fast shutdown (SIGINT: open
+// transactions are rolled back and the clients disconnected). The
+// connections of every client are gone either way. StartServer starts it
+// again on the same port; Restart does both.
+func (c *Cluster) StopServer(immediate bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.proc == nil || c.down {
+		return errors.New("pgtest: the server is not running")
+	}
+	if c.admin != nil {
+		c.admin.Close(context.Background())
+		c.admin = nil
+	}
+	sig := syscall.SIGINT
+	if immediate {
+		sig = syscall.SIGQUIT
+	}
+	if err := c.proc.Signal(sig); err != nil {
+		return fmt.Errorf("pgtest: signal postgres: %w", err)
+	}
+	select {
+	case <-c.exited:
+	case <-time.After(30 * time.Second):
+		c.proc.Kill()
+		<-c.exited
+		return errors.New("pgtest: postgres did not stop within 30 s; killed")
+	}
+	c.down = true
+	return nil
+}
+
+// StartServer starts the server StopServer stopped, on the same data
+// folder and port, and waits until it accepts connections (after the
+// recovery an immediate stop calls for).
+func (c *Cluster) StartServer() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.down {
+		return errors.New("pgtest: the server was not stopped")
+	}
+	if err := c.run(c.bin, filepath.Join(c.dir, "data"), c.port, c.cred); err != nil {
+		return fmt.Errorf("pgtest: restart: %w", err)
+	}
+	c.down = false
+	return nil
+}
+
+// Restart is StopServer, then StartServer: `pg_ctl restart` (with
+// immediate, `-m immediate`).
+func (c *Cluster) Restart(immediate bool) error {
+	if err := c.StopServer(immediate); err != nil {
+		return err
+	}
+	return c.StartServer()
+}
+
 // Bin returns the folder that holds initdb and postgres.
 func Bin() (string, error) {
 	if d := os.Getenv("AGENTRY_PG_BIN"); d != "" {
@@ -285,6 +355,7 @@ func (c *Cluster) start() error {
 			return fmt.Errorf("give the cluster folder to uid %d: %w", cred.Uid, err)
 		}
 	}
+	c.bin, c.cred = bin, cred
 	data := filepath.Join(dir, "data")
 	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres",
 		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")

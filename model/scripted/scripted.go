@@ -64,8 +64,10 @@ func Reasoning(s string) Step { return Step{Kind: StepReasoning, Text: s} }
 // value that cannot be marshalled gives a step that fails the stream). The
 // call's id is "call_<m>_<i>", where m is the number of messages in the
 // request and i the call's position among the reply's tool calls, so ids are
-// stable across runs and unique within a conversation; use WithID to choose
-// one.
+// stable across runs; use WithID to choose one. The same request asked again
+// (a turn whose call a restart cut, recovered) repeats the id; chat gives
+// such a repeated call a fresh id, so a conversation never holds two calls
+// with one id.
 func ToolCall(name string, input any) Step {
 	raw, ok := input.(json.RawMessage)
 	if !ok {
@@ -151,7 +153,10 @@ type Model struct {
 	calls []Call
 }
 
-var _ model.Model = (*Model)(nil)
+var (
+	_ model.Model     = (*Model)(nil)
+	_ model.Continuer = (*Model)(nil)
+)
 
 // New returns a Model configured by opts.
 func New(opts ...Option) *Model {
@@ -191,7 +196,7 @@ func (m *Model) ModelName() string { return "scripted" }
 
 func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.Event, error] {
 	return func(yield func(model.Event, error) bool) {
-		name, reply := m.pick(req)
+		name, reply := m.answer(req)
 		m.mu.Lock()
 		m.calls = append(m.calls, Call{Rule: name, Request: clone(req)})
 		m.mu.Unlock()
@@ -257,6 +262,92 @@ func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.
 		}
 		send(model.Event{Kind: model.EventFinish, FinishReason: reason, Usage: usage(req, reply)})
 	}
+}
+
+// ContinuesAnswers reports true (model.Continuer): asked with a
+// conversation that ends with a cut answer, the model goes on from where
+// it stops.
+func (m *Model) ContinuesAnswers() bool { return true }
+
+// answer returns the rule name and the reply for req. A request that ends
+// with assistant messages is a cut answer to continue (model.Continuer;
+// several messages when it was cut and continued more than once): the
+// reply is the one the conversation before those messages gets, without
+// the part of it they already hold, so the answer goes on where it stops
+// and is not said twice. When the cut answer is not the beginning of that
+// reply, the request is answered as it is.
+func (m *Model) answer(req *model.Request) (string, Reply) {
+	n := len(req.Messages)
+	for n > 0 && req.Messages[n-1].Role == model.RoleAssistant {
+		n--
+	}
+	if n < len(req.Messages) {
+		var cut []model.Content
+		for _, msg := range req.Messages[n:] {
+			cut = append(cut, msg.Content...)
+		}
+		before := *req
+		before.Messages = req.Messages[:n]
+		name, reply := m.pick(&before)
+		if rest, ok := continueReply(reply, cut); ok {
+			return name, rest
+		}
+	}
+	return m.pick(req)
+}
+
+// continueReply returns what follows the cut answer in reply: cut must be
+// reply's text and reasoning from its beginning, the last of them possibly
+// cut short.
+func continueReply(reply Reply, cut []model.Content) (Reply, bool) {
+	reply = mergeText(reply)
+	var merged []model.Content
+	for _, c := range cut {
+		if n := len(merged); n > 0 && merged[n-1].Kind == c.Kind && (c.Kind == model.ContentText || c.Kind == model.ContentReasoning) {
+			merged[n-1].Text += c.Text
+			continue
+		}
+		merged = append(merged, c)
+	}
+	cut = merged
+	k := 0
+	for i, c := range cut {
+		kind := StepText
+		switch c.Kind {
+		case model.ContentText:
+		case model.ContentReasoning:
+			kind = StepReasoning
+		default:
+			return nil, false
+		}
+		if k >= len(reply) || reply[k].Kind != kind || !strings.HasPrefix(reply[k].Text, c.Text) {
+			return nil, false
+		}
+		if len(c.Text) < len(reply[k].Text) {
+			if i != len(cut)-1 {
+				return nil, false
+			}
+			s := reply[k]
+			s.Text = s.Text[len(c.Text):]
+			return append(Reply{s}, reply[k+1:]...), true
+		}
+		k++
+	}
+	return reply[k:], true
+}
+
+// mergeText joins adjacent text steps, and adjacent reasoning steps, as
+// they stream into one part.
+func mergeText(reply Reply) Reply {
+	var out Reply
+	for _, s := range reply {
+		if n := len(out); n > 0 && (s.Kind == StepText || s.Kind == StepReasoning) && out[n-1].Kind == s.Kind {
+			out[n-1].Text += s.Text
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
 }
 
 // pick returns the name and reply of the first matching rule, or the

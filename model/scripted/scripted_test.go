@@ -344,3 +344,46 @@ func TestCallsAreCopies(t *testing.T) {
 		t.Errorf("recorded text = %q", got)
 	}
 }
+
+// TestContinuesCutAnswer: a request that ends with an assistant message
+// holding the beginning of the reply (an answer a restart cut) gets the
+// rest of the reply only; one whose assistant message is not the reply's
+// beginning is answered as it is.
+func TestContinuesCutAnswer(t *testing.T) {
+	m := New(WithChunkSize(100), WithRules(Rule{Name: "r", Reply: func(req *model.Request) Reply {
+		return Reply{Reasoning("think"), Text("Hello, "), Text("world.")}
+	}}))
+	cut := func(cs ...model.Content) *model.Request {
+		req := ask("hi")
+		req.Messages = append(req.Messages, model.Message{Role: model.RoleAssistant, Content: cs})
+		return req
+	}
+	reasoning := func(s string) model.Content { return model.Content{Kind: model.ContentReasoning, Text: s} }
+	for _, tc := range []struct {
+		name string
+		req  *model.Request
+		want []string
+	}{
+		{"mid text", cut(reasoning("think"), model.Text("Hello, wo")), []string{"text-delta:rld.", "finish:stop"}},
+		{"mid reasoning", cut(reasoning("thi")), []string{"reasoning-delta:nk", "text-delta:Hello, world.", "finish:stop"}},
+		{"all said", cut(reasoning("think"), model.Text("Hello, world.")), []string{"finish:stop"}},
+		{"cut twice", func() *model.Request {
+			req := cut(reasoning("think"), model.Text("Hel"))
+			req.Messages = append(req.Messages, model.Message{Role: model.RoleAssistant, Content: []model.Content{model.Text("lo, wo")}})
+			return req
+		}(), []string{"text-delta:rld.", "finish:stop"}},
+		{"not a prefix", cut(model.Text("Goodbye")), []string{"reasoning-delta:think", "text-delta:Hello, ", "text-delta:world.", "finish:stop"}},
+	} {
+		evs, err := collect(m.Stream(context.Background(), tc.req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := kinds(evs); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: events %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	var c model.Model = m
+	if cm, ok := c.(model.Continuer); !ok || !cm.ContinuesAnswers() {
+		t.Fatal("the scripted model is not a model.Continuer")
+	}
+}

@@ -45,6 +45,24 @@
 // runs to its end; the COMMIT is never cancelled, so Update reports its
 // real outcome.
 //
+// # Outages
+//
+// A database that cannot be reached (down, restarting, a connection cut) is
+// waited for, never taken for an answer. An attempt that fails that way
+// before its COMMIT was sent rolled nothing forward (the server rolls back
+// the transaction of a lost connection), so Update runs its callback again,
+// fences included, once the database answers; View likewise. A COMMIT whose
+// answer was lost with its connection may have happened: Update reads the
+// transaction's id before every COMMIT of a transaction that wrote
+// (txid_current_if_assigned, one round trip), and asks the database about it
+// (txid_status) when it is back: committed is success, aborted runs the
+// callback again. The pause between attempts grows from 10 ms to one second.
+// A call gives up with an error wrapping store.ErrUnavailable when its
+// context ends, when the context's store.WithRetryLimit passes (the server
+// sets one on its requests), or after Options.MaxOutage (two minutes); Close
+// ends every wait. Pooled connections that died are dropped as they are
+// found (database/sql, driver.ErrBadConn) and new ones made.
+//
 // # Fencing
 //
 // Before the COMMIT, Update runs Options.BeforeCommit and the fence the
@@ -85,11 +103,16 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -114,6 +137,10 @@ type Options struct {
 	// callback and context fence, before the COMMIT; an error rolls the
 	// transaction back and is returned by Update.
 	BeforeCommit store.Fence
+	// MaxOutage is the longest an Update or View waits for a database that
+	// cannot be reached (see "Outages" in the package comment) when its
+	// context carries no shorter store.WithRetryLimit (default 2 minutes).
+	MaxOutage time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -125,6 +152,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 10
+	}
+	if o.MaxOutage <= 0 {
+		o.MaxOutage = 2 * time.Minute
 	}
 	return o
 }
@@ -138,6 +168,12 @@ type DB struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	closed    chan struct{} // closed by Close: outage waits end
+
+	// commitFault, set by tests, runs around each COMMIT: before it (an
+	// error fails the COMMIT unsent) with sent false, and after it with
+	// sent true and the COMMIT's outcome, which it may replace.
+	commitFault func(sent bool, err error) error
 }
 
 var _ store.DB = (*DB)(nil)
@@ -157,21 +193,26 @@ type Stats struct {
 	// Query, QueryRow), without BEGIN and COMMIT.
 	Statements int64
 	// RoundTrips is the number of requests sent to the server and waited
-	// for: statements, the settings of instance tables, BEGIN, COMMIT and
-	// ROLLBACK. (A statement run for the first time on a connection
-	// costs one more, for its preparation; that one is not counted.)
+	// for: statements, the settings of instance tables, BEGIN, the
+	// transaction id read before a COMMIT, COMMIT and ROLLBACK. (A
+	// statement run for the first time on a connection costs one more, for
+	// its preparation; that one is not counted.)
 	RoundTrips int64
+	// Unavailable is the number of transaction attempts that failed
+	// because the database could not be reached, and were retried.
+	Unavailable int64
 }
 
 type counters struct {
-	updates, committed, retries, views, statements, roundTrips atomic.Int64
+	updates, committed, retries, views, statements, roundTrips, unavailable atomic.Int64
 }
 
 // Stats returns the counters.
 func (db *DB) Stats() Stats {
 	s := &db.stats
 	return Stats{Updates: s.updates.Load(), Committed: s.committed.Load(), Retries: s.retries.Load(),
-		Views: s.views.Load(), Statements: s.statements.Load(), RoundTrips: s.roundTrips.Load()}
+		Views: s.views.Load(), Statements: s.statements.Load(), RoundTrips: s.roundTrips.Load(),
+		Unavailable: s.unavailable.Load()}
 }
 
 // Open connects to the database at url (postgres://user@host:port/db?…,
@@ -187,7 +228,7 @@ func OpenOptions(ctx context.Context, url string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: parse connection string: %w", err)
 	}
-	db := &DB{opts: opts, sql: stdlib.OpenDB(*cfg)}
+	db := &DB{opts: opts, sql: stdlib.OpenDB(*cfg), closed: make(chan struct{})}
 	db.sql.SetMaxOpenConns(opts.MaxConns)
 	db.sql.SetMaxIdleConns(opts.MaxConns)
 	db.sql.SetConnMaxIdleTime(5 * time.Minute)
@@ -204,6 +245,7 @@ func (db *DB) Dialect() string { return "postgres" }
 // Close closes the connections.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
+		close(db.closed)
 		if err := db.sql.Close(); err != nil {
 			db.closeErr = fmt.Errorf("postgres: close: %w", err)
 		}
@@ -228,20 +270,151 @@ func (db *DB) Update(ctx context.Context, fn func(store.Tx) error) error {
 			return before(ctx, tx)
 		}
 	}
-	for attempt := 1; ; attempt++ {
+	var o outage
+	for attempt := 1; ; {
 		err := db.attempt(ctx, fn)
-		if err == nil || !retryable(err) || attempt >= db.opts.MaxAttempts {
-			return err
-		}
-		db.stats.retries.Add(1)
-		// A short random pause lets the transaction that won go on first.
-		pause := time.Duration(rand.Int64N(int64(attempt) * int64(2*time.Millisecond)))
-		select {
-		case <-time.After(pause):
-		case <-ctx.Done():
+		var unknown unknownCommit
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &unknown):
+			committed, rerr := db.resolve(ctx, &o, unknown)
+			if rerr != nil {
+				return rerr
+			}
+			if committed {
+				db.stats.committed.Add(1)
+				return nil
+			}
+		case unavailable(err):
+			if werr := db.wait(ctx, &o, err); werr != nil {
+				return werr
+			}
+		case retryable(err) && attempt < db.opts.MaxAttempts:
+			db.stats.retries.Add(1)
+			// A short random pause lets the transaction that won go on
+			// first.
+			pause := time.Duration(rand.Int64N(int64(attempt) * int64(2*time.Millisecond)))
+			attempt++
+			select {
+			case <-time.After(pause):
+			case <-ctx.Done():
+				return err
+			}
+		default:
 			return err
 		}
 	}
+}
+
+// outage is the state of one call's wait for an unreachable database.
+type outage struct {
+	start time.Time // the first failure
+	n     int       // failures so far
+}
+
+// wait pauses before the next attempt of a call whose attempt failed with
+// cause because the database could not be reached: backoff from 10 ms,
+// doubling, to at most one second. It returns an error wrapping
+// store.ErrUnavailable once the call's retry limit passed or its context
+// ended, and ErrClosed once the DB was closed.
+func (db *DB) wait(ctx context.Context, o *outage, cause error) error {
+	db.stats.unavailable.Add(1)
+	now := time.Now()
+	if o.start.IsZero() {
+		o.start = now
+	}
+	limit := db.opts.MaxOutage
+	if d, ok := store.RetryLimitOf(ctx); ok && d < limit {
+		limit = d
+	}
+	left := limit - now.Sub(o.start)
+	if left <= 0 {
+		return fmt.Errorf("postgres: %w for %v: %w", store.ErrUnavailable, now.Sub(o.start).Round(time.Millisecond), cause)
+	}
+	pause := min(10*time.Millisecond<<min(o.n, 7), time.Second)
+	pause = min(pause/2+time.Duration(rand.Int64N(int64(pause/2)+1)), left)
+	o.n++
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("postgres: %w: %w (%w)", store.ErrUnavailable, cause, context.Cause(ctx))
+	case <-db.closed:
+		return ErrClosed
+	}
+}
+
+// unavailableErr marks an attempt that failed because the database could
+// not be reached, before anything was committed: running it again is safe.
+type unavailableErr struct{ err error }
+
+func (e unavailableErr) Error() string { return e.err.Error() }
+func (e unavailableErr) Unwrap() error { return e.err }
+
+func unavailable(err error) bool {
+	var u unavailableErr
+	return errors.As(err, &u)
+}
+
+// unknownCommit marks an attempt whose COMMIT was sent but whose answer
+// was lost with the connection: the transaction with id xid may have
+// committed.
+type unknownCommit struct {
+	xid int64
+	err error
+}
+
+func (e unknownCommit) Error() string { return e.err.Error() }
+func (e unknownCommit) Unwrap() error { return e.err }
+
+// resolve finds out whether the transaction of an unknown commit
+// committed, asking the database (txid_status) once it can be reached
+// again. A transaction still in progress (its server process has not
+// noticed the lost connection yet) is asked about again.
+func (db *DB) resolve(ctx context.Context, o *outage, u unknownCommit) (bool, error) {
+	for {
+		var status sql.NullString
+		err := db.sql.QueryRowContext(context.WithoutCancel(ctx), `SELECT txid_status($1)`, u.xid).Scan(&status)
+		switch {
+		case err != nil && !connectionLost(err):
+			return false, fmt.Errorf("postgres: commit outcome unknown (%w): %w", u.err, err)
+		case err == nil && status.String == "committed":
+			return true, nil
+		case err == nil && status.String == "aborted":
+			return false, nil
+		case err == nil && !status.Valid:
+			return false, fmt.Errorf("postgres: commit outcome unknown: %w", u.err)
+		}
+		if err == nil {
+			err = u.err // in progress
+		}
+		if werr := db.wait(ctx, o, err); werr != nil {
+			return false, werr
+		}
+	}
+}
+
+// connectionLost reports an error of a connection that failed or could
+// not be made, or of a server that is shutting down or starting: the
+// statement it answered did not run (or its transaction was rolled back).
+func connectionLost(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrClosed) {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// Class 08: connection exception; 57P01 admin shutdown, 57P02
+		// crash shutdown, 57P03 cannot connect now (starting up).
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, pgconn.ErrConnClosed) ||
+		pgconn.SafeToRetry(err) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // retryErr marks a transaction that failed with a serialization failure
@@ -275,6 +448,9 @@ func (db *DB) conn(ctx context.Context) (*sql.Conn, error) {
 		if errors.Is(err, sql.ErrConnDone) || err.Error() == "sql: database is closed" {
 			return nil, ErrClosed
 		}
+		if connectionLost(err) {
+			return nil, unavailableErr{fmt.Errorf("postgres: connection: %w", err)}
+		}
 		return nil, fmt.Errorf("postgres: connection: %w", err)
 	}
 	return conn, nil
@@ -291,6 +467,9 @@ func (db *DB) attempt(ctx context.Context, fn func(store.Tx) error) (err error) 
 	db.stats.roundTrips.Add(1)
 	sqlTx, err := conn.BeginTx(bg, &sql.TxOptions{Isolation: db.opts.Isolation})
 	if err != nil {
+		if connectionLost(err) {
+			return unavailableErr{fmt.Errorf("postgres: begin: %w", err)}
+		}
 		return fmt.Errorf("postgres: begin: %w", err)
 	}
 	db.stats.updates.Add(1)
@@ -309,18 +488,54 @@ func (db *DB) attempt(ctx context.Context, fn func(store.Tx) error) (err error) 
 		// transaction, and the COMMIT would be a ROLLBACK.
 		err = fmt.Errorf("postgres: a statement of the transaction failed: %w", t.failed)
 	}
+	var xid sql.NullInt64
+	if err == nil {
+		// The transaction's id, if it has one (it wrote): should the
+		// connection fail during the COMMIT, it tells whether the COMMIT
+		// happened (resolve).
+		db.stats.roundTrips.Add(1)
+		if qerr := sqlTx.QueryRowContext(bg, `SELECT txid_current_if_assigned()`).Scan(&xid); qerr != nil {
+			err = fmt.Errorf("postgres: transaction id: %w", qerr)
+			t.note(qerr)
+		}
+	}
 	if err != nil {
 		db.stats.roundTrips.Add(1)
 		sqlTx.Rollback()
 		if t.retry != nil || serializationFailure(err) {
 			return retryErr{err}
 		}
+		if connectionLost(err) || connectionLost(t.failed) {
+			// Nothing was committed: the server rolls back the
+			// transaction of a lost connection.
+			return unavailableErr{err}
+		}
 		return err
 	}
 	db.stats.roundTrips.Add(1)
-	if err := sqlTx.Commit(); err != nil {
-		if serializationFailure(err) {
+	commit := sqlTx.Commit
+	if f := db.commitFault; f != nil {
+		commit = func() error {
+			if err := f(false, nil); err != nil {
+				sqlTx.Rollback()
+				return err
+			}
+			return f(true, sqlTx.Commit())
+		}
+	}
+	if err := commit(); err != nil {
+		switch {
+		case serializationFailure(err):
 			return retryErr{fmt.Errorf("postgres: commit: %w", err)}
+		case connectionLost(err) && (pgconn.SafeToRetry(err) || errors.Is(err, driver.ErrBadConn)):
+			return unavailableErr{fmt.Errorf("postgres: commit: %w", err)}
+		case connectionLost(err) && !xid.Valid:
+			// A transaction that wrote nothing: committed or not, the
+			// same.
+			db.stats.committed.Add(1)
+			return nil
+		case connectionLost(err):
+			return unknownCommit{xid: xid.Int64, err: fmt.Errorf("postgres: commit: %w", err)}
 		}
 		return fmt.Errorf("postgres: commit: %w", err)
 	}
@@ -328,8 +543,22 @@ func (db *DB) attempt(ctx context.Context, fn func(store.Tx) error) (err error) 
 	return nil
 }
 
-// View runs fn in a read-only transaction.
+// View runs fn in a read-only transaction, again once the database can be
+// reached when it could not (see "Outages" in the package comment).
 func (db *DB) View(ctx context.Context, fn func(store.Tx) error) error {
+	var o outage
+	for {
+		err := db.view(ctx, fn)
+		if !unavailable(err) {
+			return err
+		}
+		if werr := db.wait(ctx, &o, err); werr != nil {
+			return werr
+		}
+	}
+}
+
+func (db *DB) view(ctx context.Context, fn func(store.Tx) error) error {
 	conn, err := db.conn(ctx)
 	if err != nil {
 		return err
@@ -342,6 +571,9 @@ func (db *DB) View(ctx context.Context, fn func(store.Tx) error) error {
 	// transaction at this level never fails with a serialization error.
 	sqlTx, err := conn.BeginTx(bg, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
 	if err != nil {
+		if connectionLost(err) {
+			return unavailableErr{fmt.Errorf("postgres: begin read transaction: %w", err)}
+		}
 		return fmt.Errorf("postgres: begin read transaction: %w", err)
 	}
 	db.stats.views.Add(1)
@@ -358,9 +590,15 @@ func (db *DB) View(ctx context.Context, fn func(store.Tx) error) error {
 	db.stats.roundTrips.Add(1)
 	if err != nil {
 		sqlTx.Rollback()
+		if connectionLost(err) || connectionLost(t.failed) {
+			return unavailableErr{err}
+		}
 		return err
 	}
 	if err := sqlTx.Commit(); err != nil {
+		if connectionLost(err) {
+			return unavailableErr{fmt.Errorf("postgres: end read transaction: %w", err)}
+		}
 		return fmt.Errorf("postgres: end read transaction: %w", err)
 	}
 	return nil

@@ -678,7 +678,7 @@ func TestSoak(t *testing.T) {
 	for _, c := range s.conflicts {
 		conflicted[c.key.parent+"/"+c.key.run] = true
 	}
-	var total, hit, garbled, garbledUnhit, garbledReused, replayDiff, dupSteps int
+	var total, hit, garbled, garbledUnhit, garbledReused, replayDiff, dupSteps, restated, dupIDs int
 	var notCompleted, examples []string
 	completed := map[string]bool{}
 	for _, parent := range sortedKeys(registry) {
@@ -724,22 +724,32 @@ func TestSoak(t *testing.T) {
 					examples = append(examples, fmt.Sprintf("%s: step %d's text appears %d times in the child's answer %q", id, n, c, answer))
 				}
 			}
+			// The scripted model continues what a kill cut (issue 24,
+			// item 6): what clients saw is the answer, said once.
+			if want != answer {
+				restated++
+				examples = append(examples, fmt.Sprintf("%s: the child's parts show\n      %q\n    its answer is\n      %q", id, want, answer))
+			}
+			if d := transcripts[id].dupIDs; len(d) > 0 {
+				dupIDs++
+				examples = append(examples, fmt.Sprintf("%s: tool call ids %q appear twice in the child's message", id, d))
+			}
 		}
 	}
-	t.Logf("%d runs, %d hit by a kill: %d garbled in the tab (%d not hit, %d with a reused sequence; %.0f per 100 kills), %d differ in a fresh replay, %d not completed, %d step texts not once",
-		total, hit, garbled, garbledUnhit, garbledReused, float64(garbled)*100/float64(max(kills, 1)), replayDiff, len(notCompleted), dupSteps)
+	t.Logf("%d runs, %d hit by a kill: %d garbled in the tab (%d not hit, %d with a reused sequence; %.0f per 100 kills), %d differ in a fresh replay, %d not completed, %d step texts not once, %d restated, %d with a repeated tool call id",
+		total, hit, garbled, garbledUnhit, garbledReused, float64(garbled)*100/float64(max(kills, 1)), replayDiff, len(notCompleted), dupSteps, restated, dupIDs)
 	if len(notCompleted) > 0 {
 		if len(notCompleted) > 5 {
 			notCompleted = append(notCompleted[:5], fmt.Sprintf("… and %d more", len(notCompleted)-5))
 		}
 		t.Errorf("(b) of %d runs, %d did not complete (registry, tab, fresh replay):\n  %s", total, len(notCompleted), strings.Join(notCompleted, "\n  "))
 	}
-	if garbled+replayDiff+dupSteps > 0 {
+	if garbled+replayDiff+dupSteps+restated+dupIDs > 0 {
 		if len(examples) > 4 {
 			examples = append(examples[:4], fmt.Sprintf("… and %d more", len(examples)-4))
 		}
-		t.Errorf("(b) of %d completed runs, %d tabs' texts (%d of runs no kill hit) and %d fresh replays' texts differ from the child's answer, %d step texts are not there once:\n  %s",
-			len(completed), garbled, garbledUnhit, replayDiff, dupSteps, strings.Join(examples, "\n  "))
+		t.Errorf("(b) of %d completed runs, %d tabs' texts (%d of runs no kill hit) and %d fresh replays' texts differ from the child's answer, %d step texts are not there once, %d children restated a cut answer, %d repeat a tool call id:\n  %s",
+			len(completed), garbled, garbledUnhit, replayDiff, dupSteps, restated, dupIDs, strings.Join(examples, "\n  "))
 	}
 
 	// (c) nothing runs in a child after its turn ended.
@@ -786,7 +796,12 @@ func indexOf(tabs []*tab, parent string) int {
 // text of every text part (what a client shows, what a restart cut short
 // included), answer the message's text (chat.MessageText: without what a
 // restart cut short).
-type childAnswer struct{ rendered, answer string }
+type childAnswer struct {
+	rendered, answer string
+	// dupIDs are the tool call ids that two tool parts of the message
+	// share.
+	dupIDs []string
+}
 
 // childText reads the child's transcript through the parent's drill-in
 // route and returns its last assistant message's text.
@@ -802,7 +817,17 @@ func childText(t *testing.T, host, parent, runID string) childAnswer {
 					b.WriteString(p.Text)
 				}
 			}
-			return childAnswer{rendered: b.String(), answer: chat.MessageText(msgs[i])}
+			seen := map[string]bool{}
+			var dup []string
+			for _, p := range msgs[i].Parts {
+				if p.IsTool() {
+					if seen[p.ToolCallID] {
+						dup = append(dup, p.ToolCallID)
+					}
+					seen[p.ToolCallID] = true
+				}
+			}
+			return childAnswer{rendered: b.String(), answer: chat.MessageText(msgs[i]), dupIDs: dup}
 		}
 	}
 	return childAnswer{}
@@ -814,8 +839,8 @@ func childPath(parent, runID string) string {
 }
 
 // checkExecutions reads exec.log: (c) no model step, tool step or second
-// end of a child after its first end; every tool step of every completed
-// child ran; and it logs how often each step ran.
+// end of a child after its first end; every model and tool step of every
+// completed child ran; and it logs how often each step ran.
 func checkExecutions(t *testing.T, file string, registry map[string][]runState, completed map[string]bool) {
 	t.Helper()
 	f, err := os.Open(file)
@@ -881,7 +906,7 @@ func checkExecutions(t *testing.T, file string, registry map[string][]runState, 
 						hist[k] = map[int]int{}
 					}
 					hist[k][c.counts[k]]++
-					if kind == "tool" && c.counts[k] == 0 && completed[parent+"/"+r.RunID] {
+					if c.counts[k] == 0 && completed[parent+"/"+r.RunID] {
 						missing++
 					}
 				}
@@ -906,7 +931,7 @@ func checkExecutions(t *testing.T, file string, registry map[string][]runState, 
 	}
 	t.Logf("executions per step (children × executions; a step a kill interrupted may run twice):%s", b.String())
 	if missing > 0 {
-		t.Errorf("(c) %d tool steps of completed children never ran", missing)
+		t.Errorf("(c) %d model or tool steps of completed children never ran", missing)
 	}
 	if len(violations) > 0 {
 		if len(violations) > 5 {

@@ -185,6 +185,12 @@ func (l loggedModel) Stream(ctx context.Context, req *model.Request) iter.Seq2[m
 	return l.m.Stream(ctx, req)
 }
 
+// ContinuesAnswers forwards the wrapped model's model.Continuer.
+func (l loggedModel) ContinuesAnswers() bool {
+	c, ok := l.m.(model.Continuer)
+	return ok && c.ContinuesAnswers()
+}
+
 // task is the task a Worker's request is about: the "task" of its input
 // (the user message is the input as indented JSON).
 func task(req *model.Request) string {
