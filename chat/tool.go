@@ -32,6 +32,7 @@ type Tool struct {
 	NeedsApproval ApprovalFunc
 
 	schema   *jsonschema.Schema
+	raw      json.RawMessage // the schema as given to NewRawTool, offered unchanged
 	resolved *jsonschema.Resolved
 	exec     func(ctx context.Context, input json.RawMessage) (any, error)
 	checks   []func(rt *agent.Runtime) error
@@ -100,10 +101,39 @@ func NewTool[In, Out any](name, description string, fn func(ctx context.Context,
 	return t
 }
 
+// NewRawTool returns a tool whose input JSON Schema is given as JSON and
+// offered to the model byte for byte, and whose function gets the model's
+// input as raw JSON: a tool from another source, such as an MCP server's.
+// The name must be 1–64 letters, digits, '_' or '-', and the schema a JSON
+// object. Input is validated against the schema when it resolves (a
+// schema that does not, say one with a remote $ref, only requires a JSON
+// object, and fn's source must check the rest). Errors and panics of fn
+// become tool errors the model sees, as with NewTool.
+func NewRawTool(name, description string, schema json.RawMessage, fn func(ctx context.Context, input json.RawMessage) (any, error)) (Tool, error) {
+	if !toolNamePattern.MatchString(name) {
+		return Tool{}, fmt.Errorf("chat: tool name %q: want 1-64 letters, digits, '_' or '-'", name)
+	}
+	if fn == nil {
+		return Tool{}, fmt.Errorf("chat: tool %s: no function", name)
+	}
+	s := &jsonschema.Schema{}
+	if err := json.Unmarshal(schema, s); err != nil {
+		return Tool{}, fmt.Errorf("chat: tool %s: input schema is not a JSON Schema object: %w", name, err)
+	}
+	t := Tool{Name: name, Description: description, schema: s, raw: append(json.RawMessage(nil), schema...), exec: fn}
+	if r, err := s.Resolve(nil); err == nil {
+		t.resolved = r
+	} else if t.resolved, err = (&jsonschema.Schema{Type: "object"}).Resolve(nil); err != nil {
+		return Tool{}, fmt.Errorf("chat: tool %s: %w", name, err)
+	}
+	return t, nil
+}
+
 // WithSchema returns a copy of t whose input schema was adjusted by edit,
 // for constraints a Go type cannot express (a minimum length, an enum).
 func (t Tool) WithSchema(edit func(s *jsonschema.Schema)) Tool {
 	t.schema = t.schema.CloneSchemas()
+	t.raw = nil
 	edit(t.schema)
 	t.resolve()
 	return t
@@ -128,7 +158,10 @@ func (t Tool) Schema() *jsonschema.Schema { return t.schema }
 
 // Spec returns the tool as offered to a model.
 func (t Tool) Spec() model.ToolSpec {
-	data, _ := json.Marshal(t.schema)
+	data := t.raw
+	if data == nil {
+		data, _ = json.Marshal(t.schema)
+	}
 	return model.ToolSpec{Name: t.Name, Description: t.Description, InputSchema: data}
 }
 

@@ -80,6 +80,17 @@ func (s *ToolStream) Transient(name, id string, data any) error {
 	return s.t.writeLive(ch)
 }
 
+// File writes a file part into the assistant message (the AI SDK's "file"
+// chunk): url is where the file is, often a data: URL with its bytes, and
+// mediaType its IANA media type. It is stored and replayed like any part;
+// the model does not see it (a tool's output is what the model reads).
+func (s *ToolStream) File(mediaType, url string) error {
+	if mediaType == "" || url == "" {
+		return errors.New("chat: a file part needs a media type and a URL")
+	}
+	return s.t.write(message.Chunk{Type: message.ChunkFile, URL: url, MediaType: mediaType})
+}
+
 // ErrToolCallEnded is returned by ToolStream.Preliminary after the tool
 // call returned.
 var ErrToolCallEnded = errors.New("chat: the tool call has ended; its output is final")
