@@ -115,13 +115,13 @@ func TestAuthOriginAndLimits(t *testing.T) {
 		t.Fatalf("another origin: %d; want 403", code)
 	}
 	big := `{"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":"` + strings.Repeat("x", 128<<10) + `"}}`
-	if code, _ := post(t, url, big, alice); code != http.StatusRequestEntityTooLarge {
-		t.Fatalf("oversized body: %d; want 413", code)
+	if code, body := post(t, url, big, alice); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, `"code":-32600`) {
+		t.Fatalf("oversized body: %d %s; want 413 with a JSON-RPC error", code, body)
 	}
 	for _, bad := range []string{`{`, `[]`, `{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":1}}`, `{"jsonrpc":"2.0","id":{},"method":"x"}`, "\x00\xff"} {
 		code, body := post(t, url, bad, alice)
-		if code >= 500 {
-			t.Fatalf("malformed %q: %d %s; want a client error", bad, code, body)
+		if code >= 500 || !strings.Contains(body, `"error"`) {
+			t.Fatalf("malformed %q: %d %s; want a JSON-RPC error", bad, code, body)
 		}
 	}
 

@@ -176,16 +176,16 @@ const urlHeader = "X-Agentry-Mcp-Url"
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := h.init(); err != nil {
 		h.log.Error("mcpserver: tools", "err", err)
-		http.Error(w, "MCP endpoint misconfigured", http.StatusInternalServerError)
+		writeRPCError(w, http.StatusInternalServerError, &rpcError{Code: codeInternal, Message: "MCP endpoint misconfigured"})
 		return
 	}
 	if !h.front.OriginAllowed(r) {
-		http.Error(w, "origin not allowed", http.StatusForbidden)
+		writeRPCError(w, http.StatusForbidden, &rpcError{Code: codeInvalidRequest, Message: "origin not allowed"})
 		return
 	}
 	instance, ok := h.instanceOf(r.URL.EscapedPath())
 	if !ok {
-		http.Error(w, "malformed instance name", http.StatusBadRequest)
+		writeRPCError(w, http.StatusBadRequest, &rpcError{Code: codeInvalidRequest, Message: "malformed instance name"})
 		return
 	}
 	r, err := h.front.Admit(r, h.endpointPath(instance))
@@ -194,7 +194,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if status == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="agentry"`)
 		}
-		http.Error(w, msg, status)
+		writeRPCError(w, status, &rpcError{Code: codeInvalidRequest, Message: msg})
 		return
 	}
 	// The SDK hands a tool call the headers of the request that carried
@@ -205,7 +205,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Header.Set(urlHeader, r.URL.RequestURI())
 	if r.Method == http.MethodPost && r.Header.Get("Mcp-Session-Id") == "" && h.sessions() >= h.opts.MaxSessions {
 		w.Header().Set("Retry-After", "5")
-		http.Error(w, "too many MCP sessions", http.StatusServiceUnavailable)
+		writeRPCError(w, http.StatusServiceUnavailable, &rpcError{Code: codeInvalidRequest, Message: "too many MCP sessions, try again later"})
 		return
 	}
 	h.tasks.serve(w, r, h.stream)

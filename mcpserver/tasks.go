@@ -39,6 +39,7 @@ const taskPageSize = 50
 
 // JSON-RPC error codes.
 const (
+	codeParseError     = -32700
 	codeInvalidRequest = -32600
 	codeMethodNotFound = -32601
 	codeInvalidParams  = -32602
@@ -74,19 +75,29 @@ func (t *tasks) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, t.h.opts.MaxBodyBytes+1))
 	if err != nil {
-		http.Error(w, "read body: "+err.Error(), http.StatusBadRequest)
+		writeRPCError(w, http.StatusBadRequest, &rpcError{Code: codeParseError, Message: "read body: " + err.Error()})
 		return
 	}
 	if int64(len(body)) > t.h.opts.MaxBodyBytes {
-		http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+		writeRPCError(w, http.StatusRequestEntityTooLarge, &rpcError{Code: codeInvalidRequest,
+			Message: fmt.Sprintf("request body over %d bytes", t.h.opts.MaxBodyBytes)})
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
+	if !json.Valid(body) {
+		writeRPCError(w, http.StatusBadRequest, &rpcError{Code: codeParseError, Message: "parse error: the body is not JSON"})
+		return
+	}
 	var req rpcRequest
 	if json.Unmarshal(body, &req) != nil || req.JSONRPC != "2.0" || len(req.ID) == 0 {
-		// Not one request (a notification, a response, a batch or bad
-		// JSON): the SDK answers it.
-		next.ServeHTTP(w, r)
+		// Not one request (a notification, a response, a batch, or JSON
+		// that is no JSON-RPC): the SDK answers it, and a refusal it
+		// answers in plain text becomes a JSON-RPC error.
+		asRPCErrors(w, r, next)
+		return
+	}
+	if c := req.ID[0]; c != '"' && c != '-' && (c < '0' || c > '9') {
+		writeRPCError(w, http.StatusBadRequest, &rpcError{Code: codeInvalidRequest, Message: "a request id is a string or a number"})
 		return
 	}
 	switch req.Method {
@@ -125,7 +136,7 @@ func (t *tasks) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 func (t *tasks) answer(w http.ResponseWriter, r *http.Request, req rpcRequest, fn func(context.Context, call) (any, error)) {
 	sid := r.Header.Get("Mcp-Session-Id")
 	if sid == "" {
-		http.Error(w, "Bad Request: missing session ID", http.StatusBadRequest)
+		writeRPCError(w, http.StatusBadRequest, &rpcError{Code: codeInvalidRequest, Message: "missing session id (Mcp-Session-Id)"})
 		return
 	}
 	known := false
@@ -133,7 +144,7 @@ func (t *tasks) answer(w http.ResponseWriter, r *http.Request, req rpcRequest, f
 		known = known || ss.ID() == sid
 	}
 	if !known {
-		http.Error(w, "session not found", http.StatusNotFound)
+		writeRPCError(w, http.StatusNotFound, &rpcError{Code: codeInvalidRequest, Message: "session not found"})
 		return
 	}
 	inst, _ := t.h.instanceOf(r.URL.EscapedPath()) // checked by ServeHTTP
@@ -151,11 +162,40 @@ func (t *tasks) answer(w http.ResponseWriter, r *http.Request, req rpcRequest, f
 	}
 	data, err := json.Marshal(out)
 	if err != nil {
-		http.Error(w, "encode response", http.StatusInternalServerError)
+		writeRPCError(w, http.StatusInternalServerError, &rpcError{Code: codeInternal, Message: "encode response"})
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Mcp-Session-Id", sid)
+	_, _ = w.Write(data)
+}
+
+// asRPCErrors serves r with next and turns an error answered in plain
+// text into a JSON-RPC error with the same status. Only messages that are
+// not requests go through it; their answers are short.
+func asRPCErrors(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	buf := &bufferedWriter{header: http.Header{}}
+	next.ServeHTTP(buf, r)
+	if buf.status >= 400 && !strings.HasPrefix(buf.header.Get("Content-Type"), "application/json") {
+		writeRPCError(w, buf.status, &rpcError{Code: codeInvalidRequest, Message: strings.TrimSpace(buf.body.String())})
+		return
+	}
+	for k, v := range buf.header {
+		w.Header()[k] = v
+	}
+	if buf.status == 0 {
+		buf.status = http.StatusOK
+	}
+	w.WriteHeader(buf.status)
+	_, _ = w.Write(buf.body.Bytes())
+}
+
+// writeRPCError answers a request that was not read as JSON-RPC with a
+// JSON-RPC error (id null) and an HTTP status.
+func writeRPCError(w http.ResponseWriter, status int, e *rpcError) {
+	data, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": nil, "error": e})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
 	_, _ = w.Write(data)
 }
 
