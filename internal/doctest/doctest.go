@@ -93,6 +93,8 @@ var imports = map[string]string{
 	"anthropic":  "github.com/agentry/agentry/model/anthropic",
 	"scripted":   "github.com/agentry/agentry/model/scripted",
 	"server":     "github.com/agentry/agentry/server",
+	"mcpserver":  "github.com/agentry/agentry/mcpserver",
+	"mcpclient":  "github.com/agentry/agentry/mcpclient",
 	"sqlite":     "github.com/agentry/agentry/store/sqlite",
 	"postgres":   "github.com/agentry/agentry/store/postgres",
 	"store":      "github.com/agentry/agentry/store",
