@@ -561,14 +561,26 @@ func TestResumeAfterADroppedStream(t *testing.T) {
 	if last.id == "" || !strings.Contains(last.data, "notifications/progress") {
 		t.Fatalf("first events %+v: want a progress notification with an id", first)
 	}
-	get, _ := http.NewRequest(http.MethodGet, s.url, nil)
-	get.Header.Set("Accept", "text/event-stream")
-	get.Header.Set("MCP-Protocol-Version", "2025-11-25")
-	get.Header.Set("Mcp-Session-Id", s.sid)
-	get.Header.Set("Last-Event-ID", last.id)
-	resp, err = http.DefaultClient.Do(get)
-	if err != nil {
-		t.Fatal(err)
+	// Resume. Until the server has seen the dropped connection, the
+	// stream is still its POST's and the resume is answered 409 Conflict;
+	// a client asks again, as this one does (with backoff, for up to 30 s).
+	wait := 10 * time.Millisecond
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		get, _ := http.NewRequest(http.MethodGet, s.url, nil)
+		get.Header.Set("Accept", "text/event-stream")
+		get.Header.Set("MCP-Protocol-Version", "2025-11-25")
+		get.Header.Set("Mcp-Session-Id", s.sid)
+		get.Header.Set("Last-Event-ID", last.id)
+		resp, err = http.DefaultClient.Do(get)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusConflict || time.Now().After(deadline) {
+			break
+		}
+		resp.Body.Close()
+		time.Sleep(wait)
+		wait = min(2*wait, time.Second)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
