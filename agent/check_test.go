@@ -14,7 +14,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 )
 
 // badStart has an OnStart whose signature is not the Starter hook's.
