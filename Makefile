@@ -25,7 +25,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzToolInput$$' -fuzztime $(FUZZTIME) ./chat
 	$(GO) test -run '^$$' -fuzz '^FuzzEncodeFrame$$' -fuzztime $(FUZZTIME) ./agenttool
 	$(GO) test -run '^$$' -fuzz '^FuzzEncodeMatchesReference$$' -fuzztime $(FUZZTIME) ./chat/message
-	$(GO) test -run '^$$' -fuzz '^FuzzAppendRaw$$' -fuzztime $(FUZZTIME) ./internal/jsonenc
+	$(GO) test -run '^$$' -fuzz '^FuzzAppendRaw$$' -fuzztime $(FUZZTIME) ./jsonenc
 	$(GO) test -run '^$$' -fuzz '^FuzzRequest$$' -fuzztime $(FUZZTIME) ./mcpserver
 
 npm:

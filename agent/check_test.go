@@ -14,7 +14,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 )
 
 // badStart has an OnStart whose signature is not the Starter hook's.
@@ -32,16 +32,31 @@ func (b *badConnect) OnConnect(ctx context.Context, c *agent.Conn) {}
 // naming the method, the hook and both signatures.
 func TestRegisterRefusesWrongHookSignature(t *testing.T) {
 	e := newRuntime(t, rtOptions{})
-	for _, tc := range []struct {
-		class agent.Class
-		want  []string
-	}{
+	assertRefused(t, e.rt, []refusal{
 		{agent.Class{Name: "BadStart", New: func() agent.Agent { return &badStart{} }},
 			[]string{"BadStart", "OnStart", "func() error", "agent.Starter", "func(context.Context) error"}},
 		{agent.Class{Name: "BadConnect", New: func() agent.Agent { return &badConnect{} }},
 			[]string{"BadConnect", "OnConnect", "agent.Connector", "func(context.Context, *agent.Conn) error"}},
-	} {
-		err := e.rt.Register(tc.class)
+	})
+	// A right signature registers.
+	if err := e.rt.Register(probeClass(newHooks())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// refusal is a class that Register must refuse, and what its error must
+// say.
+type refusal struct {
+	class agent.Class
+	want  []string
+}
+
+// assertRefused checks that rt.Register refuses each class with an error
+// that says every want, and leaves it unregistered.
+func assertRefused(t *testing.T, rt *agent.Runtime, cases []refusal) {
+	t.Helper()
+	for _, tc := range cases {
+		err := rt.Register(tc.class)
 		if err == nil {
 			t.Errorf("%s registered", tc.class.Name)
 			continue
@@ -51,13 +66,9 @@ func TestRegisterRefusesWrongHookSignature(t *testing.T) {
 				t.Errorf("%s: error %q does not say %q", tc.class.Name, err, w)
 			}
 		}
-		if e.rt.HasClass(tc.class.Name) {
+		if rt.HasClass(tc.class.Name) {
 			t.Errorf("%s is registered after the error", tc.class.Name)
 		}
-	}
-	// A right signature registers.
-	if err := e.rt.Register(probeClass(newHooks())); err != nil {
-		t.Fatal(err)
 	}
 }
 

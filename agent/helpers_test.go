@@ -15,8 +15,8 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
-	"github.com/agentry/agentry/internal/pgtest"
-	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/store"
 )
 

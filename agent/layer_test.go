@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 
 	"github.com/agentry/agentry/agent"
@@ -120,10 +119,7 @@ type withCountTwice struct {
 // that names the class, the layer and the cause.
 func TestRegisterRefusesUnreachableLayer(t *testing.T) {
 	e := newRuntime(t, rtOptions{})
-	for _, tc := range []struct {
-		class agent.Class
-		want  []string
-	}{
+	assertRefused(t, e.rt, []refusal{
 		{agent.Class{Name: "NoAccessor", New: func() agent.Agent { return &withNoAccessor{} }},
 			[]string{"class NoAccessor", "agent_test.noAccessor has no accessor", "func() *agent_test.noAccessor"}},
 		{agent.Class{Name: "TwoAccessors", New: func() agent.Agent { return &withTwoAccessors{} }},
@@ -134,19 +130,5 @@ func TestRegisterRefusesUnreachableLayer(t *testing.T) {
 			[]string{"class WrongLayer", "accessor WrongLayer returns another value"}},
 		{agent.Class{Name: "CountTwice", New: func() agent.Agent { return &withCountTwice{countTwiceInner: countTwiceInner{}} }},
 			[]string{"class CountTwice", "countTwiceInner.countLayer", "embedded twice"}},
-	} {
-		err := e.rt.Register(tc.class)
-		if err == nil {
-			t.Errorf("%s registered", tc.class.Name)
-			continue
-		}
-		for _, w := range tc.want {
-			if !strings.Contains(err.Error(), w) {
-				t.Errorf("%s: error %q does not say %q", tc.class.Name, err, w)
-			}
-		}
-		if e.rt.HasClass(tc.class.Name) {
-			t.Errorf("%s is registered after the error", tc.class.Name)
-		}
-	}
+	})
 }

@@ -3,7 +3,7 @@ package agent_test
 import "testing"
 
 // TestOnPostgres runs runtime scenarios on PostgreSQL (a scratch cluster,
-// internal/pgtest) in every test run: instances' own tables (shared tables
+// internal/testkit/pgtest) in every test run: instances' own tables (shared tables
 // keyed by instance there) and their removal with a subtree, storage that
 // survives eviction, schedules, and the gate's no-lost-updates. The whole
 // package runs there with AGENTRY_TEST_STORE=postgres.

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store/sqlite"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
-	"github.com/agentry/agentry/internal/ids"
+	"github.com/agentry/agentry/ids"
 	"github.com/agentry/agentry/store"
 )
 

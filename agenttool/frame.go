@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/agentry/agentry/internal/jsonenc"
+	"github.com/agentry/agentry/jsonenc"
 )
 
 // encodeFrame returns the JSON of an event frame, byte for byte what

@@ -9,7 +9,7 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/diag"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // The parts every kit of this package's tests shares: a runtime with the

@@ -3,7 +3,7 @@ package agenttool_test
 import "testing"
 
 // TestOnPostgres runs agent-tool scenarios on PostgreSQL (a scratch
-// cluster, internal/pgtest) in every test run: awaited and detached runs
+// cluster, internal/testkit/pgtest) in every test run: awaited and detached runs
 // end to end, the concurrency cap and one run id dispatched concurrently
 // (row locks instead of SQLite's single writer), fan-out, recovery after a
 // restart, milestones, the durable delivery of finish hooks and the

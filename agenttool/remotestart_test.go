@@ -12,7 +12,7 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/diag"
-	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/store"
 )
 

@@ -19,9 +19,9 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
-	"github.com/agentry/agentry/internal/pgtest"
-	"github.com/agentry/agentry/internal/testenv"
-	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
+	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/store"
 )

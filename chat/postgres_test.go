@@ -3,7 +3,7 @@ package chat_test
 import "testing"
 
 // TestOnPostgres runs chat scenarios on PostgreSQL (a scratch cluster,
-// internal/pgtest) in every test run: real turns with tools, idempotent
+// internal/testkit/pgtest) in every test run: real turns with tools, idempotent
 // submissions and ordered turns (row locks instead of SQLite's single
 // writer), stream chunks, the wire protocol, clear and recovery after a
 // restart. The whole package runs there with AGENTRY_TEST_STORE=postgres.

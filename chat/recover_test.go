@@ -13,7 +13,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
-	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"

@@ -14,7 +14,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/client"
 	"github.com/agentry/agentry/diag"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // TestTranscriptReadyOnDial: the transcript is known when Dial returns,

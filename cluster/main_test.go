@@ -11,7 +11,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"go.uber.org/goleak"
 
-	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
 	"github.com/agentry/agentry/store"
 )
 

@@ -16,7 +16,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
-	"github.com/agentry/agentry/internal/ids"
+	"github.com/agentry/agentry/ids"
 )
 
 // MCP tasks (task-augmented tools/call, tasks/get, tasks/result,

@@ -9,7 +9,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
 )
 

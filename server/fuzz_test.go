@@ -7,7 +7,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/examples/counter"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // FuzzParseRoute: ParseRoute never panics; a route it accepts names only

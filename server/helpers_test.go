@@ -18,7 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,5 +1,5 @@
 // Command cluster measures the throughput of an Agentry cluster: it starts
-// a scratch PostgreSQL (internal/pgtest) and, for each node count, that
+// a scratch PostgreSQL (internal/testkit/pgtest) and, for each node count, that
 // many node processes on loopback (this same binary, subcommand "node",
 // through internal/clusterserve as `agentry serve --postgres` does), places
 // parents on every node, and drives awaited agent-tool fan-outs through the
@@ -45,8 +45,8 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/cluster"
-	"github.com/agentry/agentry/internal/pgtest"
 	"github.com/agentry/agentry/internal/proccpu"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
 )
 
 func main() {
@@ -87,7 +87,7 @@ func drive(args []string) error {
 	fs.DurationVar(&c.lease, "lease", 10*time.Second, "the nodes' shard lease")
 	fs.DurationVar(&c.idle, "idle", 5*time.Second, "how long to measure the idle cluster's background cost")
 	fs.BoolVar(&c.failover, "failover", true, "with 2 nodes or more, kill -9 one node at the end and time the failover")
-	fs.StringVar(&c.postgres, "postgres", "", "an existing cluster's admin URL (default: a scratch cluster by internal/pgtest)")
+	fs.StringVar(&c.postgres, "postgres", "", "an existing cluster's admin URL (default: a scratch cluster by internal/testkit/pgtest)")
 	fs.StringVar(&c.logDir, "logs", "", "folder for the nodes' logs (default: a temporary folder)")
 	fs.Parse(args)
 	for _, s := range strings.Split(*nodes, ",") {

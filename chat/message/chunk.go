@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/agentry/agentry/internal/jsonenc"
+	"github.com/agentry/agentry/jsonenc"
 )
 
 // Chunk types of the UI message stream. Data chunks are "data-" followed by

@@ -7,7 +7,7 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/agentry/agentry/internal/jsonenc"
+	"github.com/agentry/agentry/jsonenc"
 )
 
 // field binds a JSON object key to a pointer to the Go field that holds

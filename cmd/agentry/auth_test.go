@@ -15,7 +15,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/client"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
 )
 

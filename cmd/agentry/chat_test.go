@@ -15,7 +15,7 @@ import (
 	"github.com/agentry/agentry/client"
 	"github.com/agentry/agentry/client/agenttools"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // TestChatResearch asks a research question: the answer streams, and the

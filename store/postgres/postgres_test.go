@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/postgres"
 	"github.com/agentry/agentry/store/storetest"

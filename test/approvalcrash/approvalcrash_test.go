@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // agentry is cmd/agentry, built once (with -race when the tests run with

@@ -18,7 +18,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/examples/counter"
-	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
 	"github.com/agentry/agentry/store/sqlite"
 )
 

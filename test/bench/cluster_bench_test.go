@@ -202,7 +202,7 @@ func reportClusterStats(b *testing.B, s0, s1 postgres.Stats, runs int) {
 // node-to-node call and followed through the database every 100 ms
 // (agenttool.DefaultRemotePoll); awaited-1s-child runs a child that takes
 // one second, to measure the cost of that follow per poll. The counts are every node's store
-// together. It needs PostgreSQL (internal/pgtest) and skips without it.
+// together. It needs PostgreSQL (internal/testkit/pgtest) and skips without it.
 //
 //	go test -run '^$' -bench 'ClusterAwaited' -benchtime 100x -count 3 ./test/bench/
 func BenchmarkClusterAwaited(b *testing.B) {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/examples/counter"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // BenchmarkRPC measures RPC round trips over real WebSockets to the server

@@ -19,8 +19,8 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/cluster"
-	"github.com/agentry/agentry/internal/pgtest"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 var (

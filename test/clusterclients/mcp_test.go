@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // TestMCPThroughAnyNode: the official TypeScript MCP client talks to a node

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // TestNPMFanOutThroughKill is the kill test with the real npm client: an

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m, agentry) }

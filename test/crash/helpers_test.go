@@ -14,7 +14,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 
 	_ "modernc.org/sqlite" // the test reads the server's database file directly
 )

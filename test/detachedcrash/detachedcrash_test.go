@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/chat/message"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // serverBin is test/detachedcrash/server, built once.

@@ -10,7 +10,7 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/examples/seed"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // TestAgentTools runs test/npm/agent-tools.mjs against the seed's

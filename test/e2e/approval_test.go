@@ -9,7 +9,7 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // startDemo serves the agents-as-tools demo with its offline models.

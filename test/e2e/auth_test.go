@@ -10,7 +10,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/examples/echochat"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // serverScenarios are the scenarios of the official conformance suite

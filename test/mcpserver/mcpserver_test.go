@@ -14,7 +14,7 @@ import (
 
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/client"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 var agentry = &testenv.Binary{Pkg: "github.com/agentry/agentry/cmd/agentry", Race: testenv.Race}

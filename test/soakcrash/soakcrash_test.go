@@ -69,7 +69,7 @@ import (
 
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
-	"github.com/agentry/agentry/internal/testenv"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // serverBin is test/soakcrash/server, built once (with -race when the tests

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -17,8 +16,7 @@ import (
 // MCPDir returns the npm folder of the MCP tests (test/mcp): the official
 // TypeScript SDK, the reference servers and the conformance suite.
 func MCPDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "test", "mcp")
+	return filepath.Join(moduleRoot(), "test", "mcp")
 }
 
 // RequireMCP skips the test when Node or the MCP npm packages are

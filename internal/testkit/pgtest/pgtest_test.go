@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
-	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
 )
 
 var pg pgtest.Cluster

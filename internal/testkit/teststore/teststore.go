@@ -1,6 +1,6 @@
 // Package teststore opens the store.DB a test runs on: SQLite in the
 // test's data folder by default, or a PostgreSQL database of a scratch
-// cluster (internal/pgtest) when AGENTRY_TEST_STORE=postgres, so the
+// cluster (internal/testkit/pgtest) when AGENTRY_TEST_STORE=postgres, so the
 // storage-using tests of agent, chat and agenttool run on either engine:
 //
 //	AGENTRY_TEST_STORE=postgres go test ./chat ./agenttool
@@ -12,7 +12,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/agentry/agentry/internal/pgtest"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/postgres"
 	"github.com/agentry/agentry/store/sqlite"

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/agentry/agentry/internal/doctest"
+	"github.com/agentry/agentry/internal/testkit/doctest"
 )
 
 // root is the module's root folder: the nearest folder above the test's

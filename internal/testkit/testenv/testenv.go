@@ -21,8 +21,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/internal/pgtest"
-	"github.com/agentry/agentry/internal/teststore"
+	"github.com/agentry/agentry/internal/testkit/pgtest"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store"
 )
@@ -57,7 +57,7 @@ type Options struct {
 	MeterProvider  metric.MeterProvider
 	// Postgres, when set and AGENTRY_TEST_STORE=postgres, puts the data on
 	// a database of this scratch cluster, named by Dir, instead of SQLite
-	// (see internal/teststore).
+	// (see internal/testkit/teststore).
 	Postgres *pgtest.Cluster
 	// Placement, when set, makes the runtime one node of a pretend
 	// cluster (agent.Options.Placement): two Envs with the same Dir on
