@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -607,5 +608,28 @@ func TestResumeAfterADroppedStream(t *testing.T) {
 	}
 	if progress < 3 || results != 1 {
 		t.Fatalf("%d progress notifications and %d results across the drop; want ≥ 3 and 1", progress, results)
+	}
+}
+
+// TestConcurrencyCapRefusesClearly: past the parent's cap (the demo
+// Assistant's 4 runs in flight), a task is a JSON-RPC error and an awaited
+// call a tool error, each naming the cap; neither leaves a run behind.
+func TestConcurrencyCapRefusesClearly(t *testing.T) {
+	e := start(t, demo.Options{SearchTime: time.Hour})
+	s := e.raw(t)
+	for i := range 4 {
+		s.task("tools/call", map[string]any{"name": "research", "arguments": map[string]any{"query": fmt.Sprint("topic ", i)}, "task": map[string]any{}})
+	}
+	_, rerr := s.call("tools/call", map[string]any{"name": "research", "arguments": map[string]any{"query": "one more"}, "task": map[string]any{}})
+	if rerr == nil || !strings.Contains(rerr.Message, "maxConcurrentAgentTools") {
+		t.Fatalf("fifth task: %+v; want the cap's refusal", rerr)
+	}
+	res, rerr := s.call("tools/call", map[string]any{"name": "research", "arguments": map[string]any{"query": "one more"}})
+	if rerr != nil || !strings.Contains(string(res), `"isError":true`) || !strings.Contains(string(res), "maxConcurrentAgentTools") {
+		t.Fatalf("awaited call past the cap: %s %+v", res, rerr)
+	}
+	runs, err := agenttool.ListAgentToolRuns(context.Background(), e.assistant(t, "default"))
+	if err != nil || len(runs) != 4 {
+		t.Fatalf("%d runs (%v); want the 4 tasks only", len(runs), err)
 	}
 }

@@ -271,11 +271,14 @@ func (t *tasks) create(ctx context.Context, c call, name string, args json.RawMe
 	if err != nil {
 		return nil, err
 	}
-	if res.Status == agenttool.StatusError && !strings.HasPrefix(res.RunID, taskRunPrefix) {
-		return nil, &rpcError{Code: codeInternal, Message: res.Error}
-	}
 	run, err := t.run(ctx, path, ref.RunID)
 	if err != nil {
+		var re *rpcError
+		if errors.As(err, &re) && res.Error != "" {
+			// Refused before it was recorded (the parent's concurrency
+			// cap): there is no task.
+			return nil, &rpcError{Code: codeInternal, Message: res.Error}
+		}
 		return nil, err
 	}
 	return map[string]any{"task": taskOf(ref, run)}, nil
