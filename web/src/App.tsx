@@ -4,7 +4,7 @@
 // joined in the transcript by tool call id. Drill-in opens a second
 // socket to the helper itself (useAgent with sub) and runs useAgentChat on
 // it, so the side panel is the helper's real chat.
-import { Suspense, useCallback, useEffect, useMemo, useState, type ReactNode } from "react";
+import { Suspense, useCallback, useEffect, useMemo, useRef, useState, type ReactNode } from "react";
 import { useAgent, useAgentToolEvents } from "agents/react";
 import { useAgentChat } from "@cloudflare/ai-chat/react";
 import type { FileUIPart } from "ai";
@@ -203,9 +203,17 @@ function ChatPage({
   const [cancelling, setCancelling] = useState<ReadonlySet<string>>(() => new Set());
   const [notice, setNotice] = useState<string | null>(null);
 
-  // A cleared chat (here or in another tab) drops the helper state with it.
+  // A cleared chat (here or in another tab) drops the helper state with it:
+  // a transcript that had messages and has none. A chat that never had any
+  // keeps its runs (runs started over MCP or from Go have no messages).
+  const hadMessages = useRef(false);
   useEffect(() => {
-    if (messages.length === 0) {
+    if (messages.length > 0) {
+      hadMessages.current = true;
+      return;
+    }
+    if (hadMessages.current) {
+      hadMessages.current = false;
       resetLocalState();
       setDrill(null);
     }
