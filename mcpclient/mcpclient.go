@@ -181,7 +181,7 @@ var ErrClosed = errors.New("mcpclient: client is closed")
 // client keeps reconnecting with backoff, its tools appearing once it
 // answers.
 func (c *Client) AddServer(ctx context.Context, s Server) error {
-	if err := s.check(); err != nil {
+	if err := s.Check(); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -211,7 +211,9 @@ func (c *Client) AddServer(ctx context.Context, s Server) error {
 	}
 }
 
-func (s *Server) check() error {
+// Check reports what is wrong with a declaration (AddServer refuses it
+// with this error): a bad name, or neither or both of URL and Command.
+func (s *Server) Check() error {
 	if !serverNamePattern.MatchString(s.Name) {
 		return fmt.Errorf("mcpclient: server name %q: want 1-24 letters, digits or '-'", s.Name)
 	}
