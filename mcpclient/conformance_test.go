@@ -19,7 +19,7 @@ var (
 	conformanceRun  = []string{"initialize", "tools_call", "sse-retry"}
 	conformanceSkip = map[string]string{
 		"elicitation-sep1034-client-defaults": "mcpclient does not offer elicitation: a tool call runs inside a chat turn with no user to answer a form mid-call",
-		"auth/*": "mcpclient authenticates with a bearer token or headers the application gives; it does not run OAuth flows",
+		"auth/*":                              "mcpclient authenticates with a bearer token or headers the application gives; it does not run OAuth flows",
 	}
 )
 
