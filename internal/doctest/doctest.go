@@ -97,6 +97,7 @@ var imports = map[string]string{
 	"postgres":   "github.com/agentry/agentry/store/postgres",
 	"store":      "github.com/agentry/agentry/store",
 	"jsonschema": "github.com/google/jsonschema-go/jsonschema",
+	"mcpclient":  "github.com/agentry/agentry/mcpclient",
 	"context":    "context",
 	"errors":     "errors",
 	"fmt":        "fmt",
