@@ -16,10 +16,21 @@ import (
 // (pinned in test/mcp) that apply to mcpclient; conformanceSkip the others,
 // with the reason (docs/mcp.md lists them too).
 var (
-	conformanceRun  = []string{"initialize", "tools_call", "sse-retry"}
+	conformanceRun = []string{"initialize", "tools_call", "sse-retry",
+		// OAuth through Server.OAuthHandler (the SDK's authorization-code
+		// handler, set up by the command as an application would).
+		"auth/metadata-default", "auth/metadata-var1", "auth/metadata-var2", "auth/metadata-var3",
+		"auth/basic-cimd", "auth/scope-from-www-authenticate", "auth/scope-from-scopes-supported",
+		"auth/scope-omitted-when-undefined", "auth/scope-step-up", "auth/scope-retry-limit",
+		"auth/token-endpoint-auth-basic", "auth/token-endpoint-auth-post", "auth/token-endpoint-auth-none",
+		"auth/pre-registration", "auth/2025-03-26-oauth-endpoint-fallback", "auth/resource-mismatch",
+		"auth/offline-access-scope", "auth/offline-access-not-supported"}
 	conformanceSkip = map[string]string{
-		"elicitation-sep1034-client-defaults": "mcpclient does not offer elicitation: a tool call runs inside a chat turn with no user to answer a form mid-call",
-		"auth/*":                              "mcpclient authenticates with a bearer token or headers the application gives; it does not run OAuth flows",
+		"elicitation-sep1034-client-defaults":       "mcpclient offers no elicitation: a tool call runs inside a chat turn with no user to answer a form mid-call",
+		"auth/2025-03-26-oauth-metadata-backcompat": "the Go SDK v1.8.0's OAuth handler refuses this scenario's authorization-server metadata (issuer .../oauth, not the origin)",
+		"auth/client-credentials-jwt":               "the client-credentials grant (an extension) is not implemented by the Go SDK v1.8.0",
+		"auth/client-credentials-basic":             "the client-credentials grant (an extension) is not implemented by the Go SDK v1.8.0",
+		"auth/cross-app-access-complete-flow":       "cross-app access (an extension) is not implemented by the Go SDK v1.8.0",
 	}
 )
 
@@ -56,9 +67,6 @@ func TestConformanceClient(t *testing.T) {
 	for _, m := range listed {
 		name := m[1]
 		_, skipped := conformanceSkip[name]
-		if _, all := conformanceSkip[strings.SplitN(name, "/", 2)[0]+"/*"]; all && strings.Contains(name, "/") {
-			skipped = true
-		}
 		run := false
 		for _, r := range conformanceRun {
 			run = run || r == name

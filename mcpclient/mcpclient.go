@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentry/agentry/chat"
@@ -57,6 +58,11 @@ type Server struct {
 	// HTTPClient, when set, is used for the HTTP transport (its Transport
 	// gets Header and BearerToken added).
 	HTTPClient *http.Client
+	// OAuthHandler, when set, authorizes the HTTP requests with the Go
+	// SDK's OAuth support (auth.NewAuthorizationCodeHandler): on a 401 or
+	// 403 it runs its flow and retries. The application supplies how an
+	// authorization code is obtained; mcpclient runs no browser.
+	OAuthHandler auth.OAuthHandler
 
 	// Command and Args start a stdio server as a child process of the
 	// node; Env (KEY=value, added to the node's environment) and Dir

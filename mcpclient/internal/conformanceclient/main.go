@@ -16,9 +16,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/oauthex"
 
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/mcpclient"
@@ -55,6 +60,19 @@ var scenarios = map[string]func(ctx context.Context, mc *mcpclient.Client) error
 
 func run(ctx context.Context, scenario, url string) error {
 	f, ok := scenarios[scenario]
+	var oauth auth.OAuthHandler
+	if strings.HasPrefix(scenario, "auth/") {
+		// The auth scenarios: authorize with the SDK's OAuth handler,
+		// then list and call test-tool.
+		h, err := oauthHandler()
+		if err != nil {
+			return err
+		}
+		oauth, ok = h, true
+		f = func(ctx context.Context, mc *mcpclient.Client) error {
+			return call(ctx, mc, "srv_test-tool", `{}`, "")
+		}
+	}
 	if !ok {
 		return fmt.Errorf("scenario %q is not supported", scenario)
 	}
@@ -64,10 +82,60 @@ func run(ctx context.Context, scenario, url string) error {
 		ClientVersion: "1.0.0",
 	})
 	defer mc.Close()
-	if err := mc.AddServer(ctx, mcpclient.Server{Name: "srv", URL: url, CallTimeout: 20 * time.Second}); err != nil {
+	if err := mc.AddServer(ctx, mcpclient.Server{Name: "srv", URL: url, CallTimeout: 20 * time.Second, OAuthHandler: oauth}); err != nil {
 		return err
 	}
 	return f(ctx, mc)
+}
+
+// oauthHandler is the SDK's authorization-code handler as the suite's
+// authorization server expects it: client registration by metadata
+// document, dynamically, or with the pre-registered credentials the
+// scenario passes in $MCP_CONFORMANCE_CONTEXT.
+func oauthHandler() (auth.OAuthHandler, error) {
+	cfg := &auth.AuthorizationCodeHandlerConfig{
+		RedirectURL:                    "http://localhost:3000/callback",
+		AuthorizationCodeFetcher:       fetchCode,
+		ClientIDMetadataDocumentConfig: &auth.ClientIDMetadataDocumentConfig{URL: "https://conformance-test.local/client-metadata.json"},
+		DynamicClientRegistrationConfig: &auth.DynamicClientRegistrationConfig{
+			Metadata: &oauthex.ClientRegistrationMetadata{RedirectURIs: []string{"http://localhost:3000/callback"}},
+		},
+	}
+	var sc struct {
+		ClientID     string `json:"client_id"`
+		ClientSecret string `json:"client_secret"`
+	}
+	if c := os.Getenv("MCP_CONFORMANCE_CONTEXT"); c != "" {
+		if err := json.Unmarshal([]byte(c), &sc); err != nil {
+			return nil, fmt.Errorf("MCP_CONFORMANCE_CONTEXT: %w", err)
+		}
+	}
+	if sc.ClientID != "" && sc.ClientSecret != "" {
+		cfg.PreregisteredClient = &oauthex.ClientCredentials{ClientID: sc.ClientID,
+			ClientSecretAuth: &oauthex.ClientSecretAuth{ClientSecret: sc.ClientSecret}}
+	}
+	return auth.NewAuthorizationCodeHandler(cfg)
+}
+
+// fetchCode follows the authorization URL: the suite's authorization
+// server redirects at once to the callback with the code and state.
+func fetchCode(ctx context.Context, args *auth.AuthorizationArgs) (*auth.AuthorizationResult, error) {
+	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, args.URL, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body.Close()
+	loc, err := url.Parse(resp.Header.Get("Location"))
+	if err != nil {
+		return nil, fmt.Errorf("authorization redirect: %w", err)
+	}
+	q := loc.Query()
+	return &auth.AuthorizationResult{Code: q.Get("code"), State: q.Get("state"), Iss: q.Get("iss")}, nil
 }
 
 // call runs the chat tool name with input and checks that its output
