@@ -194,7 +194,7 @@ func (cn *conn) connect() (*mcp.ClientSession, error) {
 			}
 			hc.Transport = &headerTransport{base: base, header: h}
 		}
-		t = &mcp.StreamableClientTransport{Endpoint: cn.cfg.URL, HTTPClient: hc}
+		t = &mcp.StreamableClientTransport{Endpoint: cn.cfg.URL, HTTPClient: hc, OAuthHandler: cn.cfg.OAuthHandler}
 	} else {
 		// The process is not tied to ctx: it lives as long as the
 		// session, and the session's Close stops it.

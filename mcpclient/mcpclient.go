@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/agentry/agentry/chat"
@@ -57,6 +58,11 @@ type Server struct {
 	// HTTPClient, when set, is used for the HTTP transport (its Transport
 	// gets Header and BearerToken added).
 	HTTPClient *http.Client
+	// OAuthHandler, when set, authorizes the HTTP requests with the Go
+	// SDK's OAuth support (auth.NewAuthorizationCodeHandler): on a 401 or
+	// 403 it runs its flow and retries. The application supplies how an
+	// authorization code is obtained; mcpclient runs no browser.
+	OAuthHandler auth.OAuthHandler
 
 	// Command and Args start a stdio server as a child process of the
 	// node; Env (KEY=value, added to the node's environment) and Dir
@@ -181,7 +187,7 @@ var ErrClosed = errors.New("mcpclient: client is closed")
 // client keeps reconnecting with backoff, its tools appearing once it
 // answers.
 func (c *Client) AddServer(ctx context.Context, s Server) error {
-	if err := s.check(); err != nil {
+	if err := s.Check(); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -211,7 +217,9 @@ func (c *Client) AddServer(ctx context.Context, s Server) error {
 	}
 }
 
-func (s *Server) check() error {
+// Check reports what is wrong with a declaration (AddServer refuses it
+// with this error): a bad name, or neither or both of URL and Command.
+func (s *Server) Check() error {
 	if !serverNamePattern.MatchString(s.Name) {
 		return fmt.Errorf("mcpclient: server name %q: want 1-24 letters, digits or '-'", s.Name)
 	}

@@ -148,23 +148,28 @@ func TestEverythingStdio(t *testing.T) {
 		t.Fatalf("approved get-sum %+v", p)
 	}
 
-	// Progress as preliminary output.
-	id, err := a.SubmitMessages(ctx, []message.Message{userMsg(`call ev_trigger-long-running-operation {"duration":0.3,"steps":3}`)}, chat.SubmitOptions{})
+	// Progress as preliminary output, then cancel: the turn ends aborted.
+	// (The wait is for the first three in order: a notification the
+	// server sends right before its result may be handled after it and
+	// is dropped, the final output being there.)
+	id, err := a.SubmitMessages(ctx, []message.Message{userMsg(`call ev_trigger-long-running-operation {"duration":600,"steps":6000}`)}, chat.SubmitOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pc := prelims(t, a, id)
 	for i := 1; i <= 3; i++ {
-		if p := waitPrelim(t, ctx, pc); p.Progress != float64(i) || p.Total != 3 {
+		if p := waitPrelim(t, ctx, pc); p.Progress != float64(i) || p.Total != 6000 {
 			t.Fatalf("preliminary output %d: %+v", i, p)
 		}
 	}
-	res, err = a.WaitTurn(ctx, id)
-	if err != nil {
-		t.Fatal(err)
+	if !a.CancelTurn(id) {
+		t.Fatal("CancelTurn found no turn")
 	}
-	if p := toolParts(res.Message); len(p) != 1 || !strings.Contains(string(p[0].Output), "completed") {
-		t.Fatalf("long-running part %+v", p)
+	if res, err = a.WaitTurn(ctx, id); err != nil || res.Outcome != chat.OutcomeAborted {
+		t.Fatalf("cancelled turn: %+v %v", res, err)
+	}
+	if st := mc.Status()[0]; !st.Connected || st.Sessions != 1 {
+		t.Fatalf("status after the cancel %+v: want the same session", st)
 	}
 
 	// Kill the server mid-call.

@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/internal/clusterserve"
 	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/mcpclient"
 	"github.com/agentry/agentry/store"
 )
 
@@ -39,6 +40,7 @@ type clusterServe struct {
 	verbose bool
 	delay   time.Duration
 	origins []string
+	mcp     []mcpclient.Server
 	token   string
 }
 
@@ -59,7 +61,7 @@ func serveCluster(ctx context.Context, cl clusterFlags, o clusterServe, logw io.
 	defer ln.Close()
 	build := func(ctx context.Context, db store.DB, place agent.Placement, remote agenttool.Remote) (clusterserve.App, error) {
 		d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: o.idle, Delay: o.delay,
-			OriginPatterns: o.origins, AuthToken: o.token, Placement: place, Remote: remote})
+			OriginPatterns: o.origins, AuthToken: o.token, Placement: place, Remote: remote, MCPServers: o.mcp, MCPStderr: logw})
 		if err != nil {
 			return clusterserve.App{}, err
 		}

@@ -105,6 +105,15 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	token := fs.String("auth-token", "", "require this token on every agent route; the playground reads it from #token=… (default $"+tokenEnv+")")
 	var cl clusterFlags
 	cl.register(fs)
+	// --mcp is taken out before parsing (its command runs to the next
+	// --mcp or the end); registering it gives it its line in -h.
+	fs.Func("mcp", "attach an MCP server's tools to the Assistant: NAME=URL (streamable HTTP) or NAME=-- COMMAND ARGS… (stdio; the command runs to the next --mcp or the end of the line); repeatable", func(string) error {
+		return errors.New("--mcp: internal error")
+	})
+	args, mcpServers, err := splitMCP(args)
+	if err != nil {
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -119,7 +128,7 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	}
 	if cl.postgres != "" {
 		return serveCluster(ctx, cl, clusterServe{addr: *addr, idle: *idle, verbose: *verbose, delay: *delay,
-			origins: splitList(*allowOrigin), token: *token}, logw, listening)
+			origins: splitList(*allowOrigin), token: *token, mcp: mcpServers}, logw, listening)
 	}
 	if cl.nodeID != "" || cl.advertise != "" {
 		return errors.New("serve: --node-id and --advertise need --postgres (or $" + postgresEnv + ")")
@@ -150,7 +159,8 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	}
 	defer db.Close()
 	d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay,
-		OriginPatterns: splitList(*allowOrigin), AuthToken: *token, TracerProvider: tel.Tracer, MeterProvider: tel.Meter})
+		OriginPatterns: splitList(*allowOrigin), AuthToken: *token, TracerProvider: tel.Tracer, MeterProvider: tel.Meter,
+		MCPServers: mcpServers, MCPStderr: logw})
 	if err != nil {
 		return err
 	}

@@ -37,6 +37,10 @@ type Options struct {
 	SearchTime time.Duration
 	// Clock measures SearchTime; nil means the real clock.
 	Clock clockwork.Clock
+	// ExtraTools, when set, gives the Assistant more tools beside its
+	// helpers, asked for at every turn: `agentry serve --mcp` passes the
+	// tools of its MCP servers (mcpclient.Client.Tools).
+	ExtraTools func() []chat.Tool
 }
 
 // Classes returns the demo's agent classes: Assistant, Researcher, Planner.
@@ -50,7 +54,7 @@ func Classes(o Options) []agent.Class {
 	}
 	search := searchPace{step: o.SearchTime / 3, clock: o.Clock}
 	return []agent.Class{
-		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant} },
+		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant, extra: o.ExtraTools} },
 			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns", "inspectHelperRun"}, Public: true},
 		// Researcher and Planner run only as the Assistant's helpers:
 		// clients reach them as its sub-agents, through OnBeforeSubAgent.
@@ -88,6 +92,7 @@ func minLength(field string, n int) func(*jsonschema.Schema) {
 type Assistant struct {
 	chat.Base
 	model model.Model
+	extra func() []chat.Tool
 }
 
 // ChatModel returns the assistant's model.
@@ -103,8 +108,16 @@ func (a *Assistant) SystemPrompt() string {
 // MaxConcurrentAgentTools caps the helpers running at once.
 func (a *Assistant) MaxConcurrentAgentTools() int { return 4 }
 
-// Tools returns the assistant's helpers.
+// Tools returns the assistant's helpers, and its extra tools (Options).
 func (a *Assistant) Tools() []chat.Tool {
+	tools := a.helpers()
+	if a.extra != nil {
+		tools = append(tools, a.extra()...)
+	}
+	return tools
+}
+
+func (a *Assistant) helpers() []chat.Tool {
 	return []chat.Tool{
 		agenttool.AgentTool[ResearchInput]("Researcher", agenttool.ToolOptions{
 			Name: "research", Description: "Research one topic in depth with a Researcher helper.",

@@ -57,7 +57,10 @@ var (
 	planRe       = regexp.MustCompile(`(?i)\bplan\b`)
 	deleteRunsRe = regexp.MustCompile(`(?i)\bdelete my helper runs\b`)
 	timeRe       = regexp.MustCompile(`(?i)\bwhat time is it\b`)
-	publishRe    = regexp.MustCompile(`(?i)\bpublish`)
+	// useToolRe asks for one tool by name ("call docs_search {"q":"x"}"),
+	// for the tools an application adds (agentry serve --mcp).
+	useToolRe = regexp.MustCompile(`(?is)^\s*(?:please\s+)?(?:use|call)\s+([A-Za-z0-9_-]+)\s*(\{.*\})?\s*$`)
+	publishRe = regexp.MustCompile(`(?i)\bpublish`)
 	// backgroundPhraseRe is the whole phrase a background request adds.
 	backgroundPhraseRe = regexp.MustCompile(`(?i),?\s*\b(in the background|as a background task|don'?t wait( for it)?|do not wait( for it)?|no need to wait|later)\b`)
 	// greetingRe and helpRe recognize small talk and questions about the
@@ -145,6 +148,11 @@ func assistantRules() []scripted.Rule {
 			Reply: scripted.Always(scripted.Reply{scripted.ToolCall("delete_helper_runs", struct{}{})})},
 		{Name: "local-time", Match: func(req *model.Request) bool { return timeRe.MatchString(scripted.LastUserText(req)) },
 			Reply: scripted.Always(scripted.Reply{scripted.ToolCall("get_local_time", struct{}{})})},
+		{Name: "use-tool", Match: func(req *model.Request) bool { _, _, ok := toolRequest(req); return ok },
+			Reply: func(req *model.Request) scripted.Reply {
+				name, input, _ := toolRequest(req)
+				return scripted.Reply{scripted.ToolCall(name, input)}
+			}},
 		{Name: "help", Match: isSmallTalk, Reply: func(*model.Request) scripted.Reply {
 			return scripted.Reply{scripted.Text(HelpText)}
 		}},
@@ -166,6 +174,32 @@ func assistantRules() []scripted.Rule {
 		}},
 	}
 }
+
+// toolRequest reads "call NAME {json}" from the last user message, for a
+// tool the request offers that is not one of the demo's own.
+func toolRequest(req *model.Request) (string, json.RawMessage, bool) {
+	m := useToolRe.FindStringSubmatch(scripted.LastUserText(req))
+	if m == nil || demoTools[m[1]] {
+		return "", nil, false
+	}
+	input := json.RawMessage(`{}`)
+	if m[2] != "" {
+		if !json.Valid([]byte(m[2])) {
+			return "", nil, false
+		}
+		input = json.RawMessage(m[2])
+	}
+	for _, t := range req.Tools {
+		if t.Name == m[1] {
+			return m[1], input, true
+		}
+	}
+	return "", nil, false
+}
+
+// demoTools are the Assistant's own tools, which answerFromResults knows.
+var demoTools = map[string]bool{"research": true, "plan": true, "compare": true, "research_background": true,
+	"delete_helper_runs": true, "get_local_time": true}
 
 func comparePair(s string) (string, string, bool) {
 	s = strings.TrimSpace(s)
@@ -197,6 +231,20 @@ func answerFromResults(results []model.Content) string {
 			}
 			_ = json.Unmarshal(r.Output, &lt)
 			parts = append(parts, strings.TrimSpace("It is "+lt.Time+" where you are ("+lt.TimeZone+")."))
+			continue
+		}
+		if !demoTools[r.ToolName] {
+			// A tool the application added (an MCP server's): say what
+			// it returned.
+			out := string(r.Output)
+			if rs := []rune(out); len(rs) > 300 {
+				out = string(rs[:300]) + "…"
+			}
+			if r.IsError {
+				parts = append(parts, r.ToolName+" failed: "+strings.Trim(out, `"`))
+			} else {
+				parts = append(parts, r.ToolName+" returned "+out)
+			}
 			continue
 		}
 		if r.IsError {

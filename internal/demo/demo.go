@@ -8,6 +8,7 @@ package demo
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -21,6 +22,7 @@ import (
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/examples/echochat"
+	"github.com/agentry/agentry/mcpclient"
 	"github.com/agentry/agentry/mcpserver"
 	"github.com/agentry/agentry/server"
 	"github.com/agentry/agentry/store"
@@ -63,6 +65,13 @@ type Options struct {
 	// metrics (agent.Options); nil means the global ones.
 	TracerProvider trace.TracerProvider
 	MeterProvider  metric.MeterProvider
+	// MCPServers are MCP servers whose tools the Assistant uses beside
+	// its helpers (agentry serve --mcp). A server that cannot be reached
+	// at start is logged and retried in the background.
+	MCPServers []mcpclient.Server
+	// MCPStderr receives the stderr of stdio MCP servers; nil discards
+	// it.
+	MCPStderr io.Writer
 }
 
 // Demo is a started demo runtime and its HTTP handler.
@@ -77,6 +86,9 @@ type Demo struct {
 	MCP *mcpserver.Handler
 	// Provider names the agents-as-tools model: "scripted", "openai", …
 	Provider string
+	// MCPClient holds the connections to Options.MCPServers (nil
+	// without them).
+	MCPClient *mcpclient.Client
 
 	handler http.Handler
 }
@@ -117,11 +129,21 @@ func New(ctx context.Context, o Options) (*Demo, error) {
 	if search == 0 {
 		search = 40 * o.Delay
 	}
+	mc, err := connectMCP(ctx, logger, o)
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	aopts := agentsastools.Options{Models: models, SearchTime: search}
+	if mc != nil {
+		aopts.ExtraTools = mc.Tools
+	}
 	classes := append([]agent.Class{counter.Class(), echochat.Class(echochat.Options{Delay: o.Delay})},
-		agentsastools.Classes(agentsastools.Options{Models: models, SearchTime: search})...)
+		agentsastools.Classes(aopts)...)
 	for _, c := range classes {
 		if err := rt.Register(c); err != nil {
 			rt.Close()
+			closeMCP(mc)
 			return nil, err
 		}
 	}
@@ -135,7 +157,41 @@ func New(ctx context.Context, o Options) (*Demo, error) {
 	mux.Handle("/mcp", mcpH)
 	mux.Handle("/mcp/", mcpH)
 	mux.Handle("/", srv)
-	return &Demo{Runtime: rt, Agents: srv, MCP: mcpH, Provider: provider, handler: mux}, nil
+	return &Demo{Runtime: rt, Agents: srv, MCP: mcpH, MCPClient: mc, Provider: provider, handler: mux}, nil
+}
+
+// connectMCP declares o.MCPServers on a new MCP client (nil without
+// servers). A wrong declaration fails; a server that does not answer is
+// logged and retried in the background.
+func connectMCP(ctx context.Context, logger *slog.Logger, o Options) (*mcpclient.Client, error) {
+	if len(o.MCPServers) == 0 {
+		return nil, nil
+	}
+	for _, s := range o.MCPServers {
+		if err := s.Check(); err != nil {
+			return nil, err
+		}
+	}
+	mc := mcpclient.New(mcpclient.Options{Logger: logger, Stderr: o.MCPStderr})
+	for _, s := range o.MCPServers {
+		if err := mc.AddServer(ctx, s); err != nil {
+			if ctx.Err() != nil {
+				mc.Close()
+				return nil, err
+			}
+			logger.Warn("mcp: server not reachable yet; retrying in the background", "mcp_server", s.Name, "err", err)
+			continue
+		}
+		st := mc.Status()
+		logger.Info("mcp: server connected", "mcp_server", s.Name, "tools", st[len(st)-1].Tools)
+	}
+	return mc, nil
+}
+
+func closeMCP(mc *mcpclient.Client) {
+	if mc != nil {
+		mc.Close()
+	}
 }
 
 // Handler serves the agent routes (/agents/…), the MCP endpoint (/mcp)
@@ -147,5 +203,7 @@ func (d *Demo) Handler() http.Handler { return d.handler }
 func (d *Demo) Close() error {
 	d.Agents.Close()
 	d.MCP.Close()
-	return d.Runtime.Close()
+	err := d.Runtime.Close()
+	closeMCP(d.MCPClient) // after the runtime: no tool call is left to make
+	return err
 }
