@@ -508,7 +508,12 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 	}
 	if !ok {
 		exists, _ := ctx.Value(existsKey{}).(bool)
-		in.hydrate(exists)
+		in.hydrate(exists, func(c context.Context) context.Context {
+			if d, ok := store.RetryLimitOf(ctx); ok {
+				return store.WithRetryLimit(c, d)
+			}
+			return c
+		})
 	}
 
 	select {
