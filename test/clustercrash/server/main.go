@@ -302,6 +302,7 @@ func (f *Fan) fanOut(ctx context.Context, n int, tag string) map[string]int {
 			defer mu.Unlock()
 			if err != nil {
 				statuses["go-error"]++
+				f.Logger().Warn("fan-out: run failed", "run", fmt.Sprintf("%s-%d", tag, i), "err", err)
 				return
 			}
 			statuses[string(res.Status)]++
