@@ -1,6 +1,7 @@
 package chat_test
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
@@ -122,4 +123,58 @@ func streamStatusOf(t *testing.T, db store.DB, id string) string {
 		t.Fatal(err)
 	}
 	return status
+}
+
+// TestFullDiskRefusesNewAgents: with the disk full (SQLite), a request for
+// an agent that must first be created is answered 503 with Retry-After
+// (server.Options.DatabaseWait, 2 s), never left hanging; an existing
+// agent's transcript is still served (reads go on); once space is back
+// the new agent is created.
+func TestFullDiskRefusesNewAgents(t *testing.T) {
+	mclk := clockwork.NewFakeClock()
+	env, _ := startEnv(t, t.TempDir(), nil, chat.Config{}, chatClass("Bot", &kit{model: slowModel(mclk)}))
+	if _, ok := env.DB.(*sqlite.DB); !ok {
+		t.Skip("the disk-full test is SQLite's")
+	}
+	if msgs := getMessages(t, env.HTTP.URL, "/agents/bot/old"); len(msgs) != 0 {
+		t.Fatalf("a new agent's transcript: %v", msgs)
+	}
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: 0, Max: old.Max}); err != nil {
+		t.Fatal(err)
+	}
+	freed := false
+	free := func() {
+		if !freed {
+			freed = true
+			if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer free()
+	c := &http.Client{Timeout: 30 * time.Second}
+	resp, err := c.Get(env.HTTP.URL + "/agents/bot/new/get-messages")
+	if err != nil {
+		t.Fatalf("a request for a new agent on a full disk: %v (it must be answered)", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a request for a new agent on a full disk: %s (Retry-After %q), want 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
+	}
+	resp, err = c.Get(env.HTTP.URL + "/agents/bot/old/get-messages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("an existing agent's transcript on a full disk: %s, want 200", resp.Status)
+	}
+	free()
+	if msgs := getMessages(t, env.HTTP.URL, "/agents/bot/new"); len(msgs) != 0 {
+		t.Fatalf("the new agent's transcript once space is back: %v", msgs)
+	}
 }
