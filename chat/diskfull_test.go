@@ -1,10 +1,13 @@
 package chat_test
 
 import (
+	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 	"golang.org/x/sys/unix"
 
@@ -127,7 +130,8 @@ func streamStatusOf(t *testing.T, db store.DB, id string) string {
 
 // TestFullDiskRefusesNewAgents: with the disk full (SQLite), a request for
 // an agent that must first be created is answered 503 with Retry-After
-// (server.Options.DatabaseWait, 2 s), never left hanging; an existing
+// (server.Options.DatabaseWait, 2 s) and a WebSocket to one is closed
+// with 1013, never left hanging; an existing
 // agent's transcript is still served (reads go on); once space is back
 // the new agent is created.
 func TestFullDiskRefusesNewAgents(t *testing.T) {
@@ -164,6 +168,18 @@ func TestFullDiskRefusesNewAgents(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a request for a new agent on a full disk: %s (Retry-After %q), want 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
+	}
+	// A WebSocket to a new agent is closed with 1013 (try again later),
+	// which the npm client reconnects after.
+	wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(wctx, "ws"+strings.TrimPrefix(env.HTTP.URL, "http")+"/agents/bot/new-socket", nil)
+	if err != nil {
+		t.Fatalf("WebSocket to a new agent on a full disk: %v", err)
+	}
+	_, _, rerr := ws.Read(wctx)
+	if code := websocket.CloseStatus(rerr); code != websocket.StatusTryAgainLater {
+		t.Fatalf("WebSocket to a new agent on a full disk: %v, want a close with 1013", rerr)
 	}
 	resp, err = c.Get(env.HTTP.URL + "/agents/bot/old/get-messages")
 	if err != nil {
