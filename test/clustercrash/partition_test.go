@@ -3,6 +3,8 @@ package clustercrash
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"net/url"
 	"sync"
 	"testing"
@@ -145,4 +147,56 @@ func TestNodeCutOffFromDatabase(t *testing.T) {
 		}
 	}
 	t.Logf("checked %d writes of the cut-off node, %d outside its leases", checked, late)
+}
+
+// TestNodeCutOffFromPeers (issue 24, item 2, in part): the other nodes
+// reach node c through a TCP proxy (c advertises the proxy's address),
+// which the test cuts; c still reaches the database. A request that node a
+// would forward to c is answered 503 with Retry-After, never left
+// hanging; c keeps its shards (its leases are renewed, its writes fenced
+// as always); once the partition heals, the request is forwarded again.
+func TestNodeCutOffFromPeers(t *testing.T) {
+	e := newEnv(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	proxy := testenv.StartProxy(t, addr)
+	a := e.start("a")
+	e.nodes["c"] = testenv.StartProcess(t, 60*time.Second, bin.Path(t), "-addr", addr, "-advertise", proxy.Addr(),
+		"-postgres", e.url, "-node-id", "c", "-lease", lease(), "-delay", "10ms")
+	e.balanced("a", "c")
+	name := e.fanName("c")
+	path := fmt.Sprintf("/agents/fan/%s/fan-out?n=5&tag=y", name)
+	var st map[string]int
+	if err := get(t, a.Host, path, &st); err != nil || st["completed"] != 5 {
+		t.Fatalf("fan-out on c through a: %v %v", st, err)
+	}
+	owned := e.count(`SELECT count(*) FROM cluster_shards WHERE owner = 'c'`)
+	proxy.SetRefuse(true)
+	proxy.Cut()
+	c := &http.Client{Timeout: 30 * time.Second}
+	t0 := time.Now()
+	resp, err := c.Get("http://" + a.Host + "/agents/fan/" + name + "/finishes")
+	if err != nil {
+		t.Fatalf("a request a cannot forward: %v (it must be answered)", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a request a cannot forward: %s (Retry-After %q), want 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
+	}
+	t.Logf("a request for c's instance through a during the partition: 503 after %v", time.Since(t0).Round(10*time.Millisecond))
+	// Two leases later c still holds its shards: it reaches the database.
+	e.until(30*time.Second, "two leases", func() bool { return time.Since(t0) > 2*leaseDuration() })
+	if now := e.count(`SELECT count(*) FROM cluster_shards WHERE owner = 'c'`); now != owned {
+		t.Fatalf("c owns %d shards during the partition, %d before: a node cut off from its peers only keeps its own", now, owned)
+	}
+	proxy.SetRefuse(false)
+	e.until(60*time.Second, "the request forwarded again", func() bool {
+		st = nil
+		return get(t, a.Host, path, &st) == nil && st["completed"] == 5
+	})
+	e.check(a.Host, name, "y", 5)
 }
