@@ -35,7 +35,7 @@ faults:
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^TestFullDiskWaitsAndRecovers$$' ./store/sqlite
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^(TestTurnWaitsOutFullDisk|TestFullDiskRefusesNewAgents|TestRecoverContinueGoesOnFromCutText|TestRecoveredToolCallGetsFreshID|TestRecoverContinueKeepsToolStep)$$' ./chat
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^TestDefaultLeaseFailsOverWithinFiveSeconds$$' ./cluster
-	$(GO) test -count=$(FAULTS_COUNT) -timeout 120m -run '^(TestPostgresRestartDuringFanOut|TestFailoverWithDefaultLease|TestSigtermHandsOver|TestPausedOwnerWritesNothingAfterLosingItsLease)$$' ./test/clustercrash
+	$(GO) test -count=$(FAULTS_COUNT) -timeout 120m -run '^(TestPostgresRestartDuringFanOut|TestFailoverWithDefaultLease|TestSigtermHandsOver|TestNodeCutOffFromDatabase|TestNodeCutOffFromPeers|TestPausedOwnerWritesNothingAfterLosingItsLease)$$' ./test/clustercrash
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 120m -run '^TestSoak$$' ./test/soakcrash
 
 npm:
