@@ -6,7 +6,7 @@
 # packages the tests need; the browser test needs Debian's chromium.
 GO ?= go
 
-.PHONY: test npm web lint bench fuzz
+.PHONY: test npm web lint bench fuzz faults
 
 test: npm lint
 	web/check-bundle.sh
@@ -27,6 +27,17 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzEncodeMatchesReference$$' -fuzztime $(FUZZTIME) ./chat/message
 	$(GO) test -run '^$$' -fuzz '^FuzzAppendRaw$$' -fuzztime $(FUZZTIME) ./jsonenc
 	$(GO) test -run '^$$' -fuzz '^FuzzRequest$$' -fuzztime $(FUZZTIME) ./mcpserver
+
+# faults is the long form of the fault suite (docs/faults.md): each fault
+# test FAULTS_COUNT times. Its counts go in RELIABILITY.md.
+FAULTS_COUNT ?= 20
+faults:
+	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^(TestUpdateWaitsOutRestart|TestLostCommitAnswer|TestCommitCutByServer|TestRetryLimitGivesUp)$$' ./store/postgres
+	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^TestFullDiskWaitsAndRecovers$$' ./store/sqlite
+	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^(TestTurnWaitsOutFullDisk|TestFullDiskRefusesNewAgents|TestRecoverContinueGoesOnFromCutText|TestRecoveredToolCallGetsFreshID|TestRecoverContinueKeepsToolStep)$$' ./chat
+	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^TestDefaultLeaseFailsOverWithinFiveSeconds$$' ./cluster
+	$(GO) test -count=$(FAULTS_COUNT) -timeout 120m -run '^(TestPostgresRestartDuringFanOut|TestFailoverWithDefaultLease|TestSigtermHandsOver|TestNodeCutOffFromDatabase|TestNodeCutOffFromPeers|TestPausedOwnerWritesNothingAfterLosingItsLease)$$' ./test/clustercrash
+	$(GO) test -count=$(FAULTS_COUNT) -timeout 120m -run '^TestSoak$$' ./test/soakcrash
 
 npm:
 	cd test/npm && npm ci --no-audit --no-fund --loglevel=error

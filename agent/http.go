@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+
+	"github.com/agentry/agentry/store"
 )
 
 // ServeInstance answers a plain HTTP request addressed to the instance at
@@ -16,6 +18,11 @@ func (rt *Runtime) ServeInstance(w http.ResponseWriter, r *http.Request, path Pa
 	if errors.Is(err, ErrTooManyInstances) {
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "server busy: too many agents in memory, try again later", http.StatusServiceUnavailable)
+		return
+	}
+	if errors.Is(err, store.ErrUnavailable) {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "database unavailable, try again shortly", http.StatusServiceUnavailable)
 		return
 	}
 	if err != nil {

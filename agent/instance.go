@@ -147,10 +147,14 @@ func (l *idleList) remove(in *instance) {
 // agent value and runs OnStart. It closes in.ready whatever the outcome.
 // When the caller knows that the row exists (existing), it is read first,
 // which spares the write of the common case.
-func (in *instance) hydrate(existing bool) {
+func (in *instance) hydrate(existing bool, limit func(context.Context) context.Context) {
 	defer close(in.ready)
 	rt := in.rt
-	ctx := rt.ctx
+	// The instance's row is read (or created) under the retry limit of the
+	// request that hydrates it (store.WithRetryLimit): a client is refused
+	// rather than left waiting for an unreachable database. Its start runs
+	// on the runtime's context.
+	ctx := limit(rt.ctx)
 	found := false
 	if existing {
 		err := rt.db.View(ctx, func(tx store.Tx) error {
@@ -176,7 +180,7 @@ func (in *instance) hydrate(existing bool) {
 	if !found && !in.create(ctx) {
 		return
 	}
-	in.start(ctx)
+	in.start(rt.ctx)
 }
 
 // create inserts the rows of the instance and its ancestors that do not

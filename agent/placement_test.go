@@ -101,3 +101,40 @@ func TestDroppedHydrationCannotWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestReacquiredLeaseRehydrates: the node took an instance's lease back
+// at a new epoch before the instance hydrated under the old one was
+// dropped (the drop runs late, or never: a renewal round that found the
+// lease expired and took it again). The next Get does not serve the old
+// hydration, whose writes are fenced: it hydrates the instance anew, and
+// the new one writes. (A PostgreSQL outage longer than three quarters of
+// a lease left a fan-out's parent serving requests from the old
+// hydration, every write refused, its runs never recorded.)
+func TestReacquiredLeaseRehydrates(t *testing.T) {
+	l := &leases{epoch: 1}
+	e := startRuntime(t, rtOptions{place: l, classes: []agent.Class{
+		{Name: "Placed", New: func() agent.Agent { return &placedAgent{} }},
+	}})
+	ctx := context.Background()
+	path := agent.Root("Placed", "p")
+	old, err := e.rt.Get(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	l.epoch = 2
+	l.mu.Unlock()
+	cur, err := e.rt.Get(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur == old {
+		t.Fatal("the hydration of the lost lease was served under the new one")
+	}
+	if err := agent.BaseOf(cur).Storage().Put(ctx, "k", "new"); err != nil {
+		t.Fatalf("write of the new hydration: %v", err)
+	}
+	if err := agent.BaseOf(old).Storage().Put(ctx, "k", "stale"); !errors.Is(err, errStale) {
+		t.Fatalf("write of the old hydration: %v, want it refused", err)
+	}
+}

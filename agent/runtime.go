@@ -475,6 +475,16 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 		return nil, ErrClosed
 	}
 	in, ok := rt.instances[key]
+	var stale *instance
+	if ok && rt.place != nil && in.epoch != 0 {
+		if cur, held := rt.place.Epoch(path); held && cur != in.epoch {
+			// Hydrated under a lease this node lost and took again: its
+			// writes are fenced. It is forgotten (its holders finish with
+			// it) and the instance hydrated anew under the current lease.
+			rt.forgetLocked(in)
+			stale, ok = in, false
+		}
+	}
 	var epoch int64
 	if !ok && rt.place != nil {
 		var held bool
@@ -503,12 +513,20 @@ func (rt *Runtime) acquire(ctx context.Context, path Path) (*instance, error) {
 	}
 	in.pinLocked()
 	rt.mu.Unlock()
+	if stale != nil {
+		stale.closeConns(1012, "agent moved to another node")
+	}
 	for _, e := range evicted {
 		rt.diag.Publish(ctx, diag.ChannelAgent, "evict", e.key, map[string]any{"reason": "max_instances"})
 	}
 	if !ok {
 		exists, _ := ctx.Value(existsKey{}).(bool)
-		in.hydrate(exists)
+		in.hydrate(exists, func(c context.Context) context.Context {
+			if d, ok := store.RetryLimitOf(ctx); ok {
+				return store.WithRetryLimit(c, d)
+			}
+			return c
+		})
 	}
 
 	select {

@@ -158,6 +158,11 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(class, runID))
 	if err != nil {
+		if r := h.remote(h.b.Path().Child(class, runID)); r != nil {
+			// The child's shard left this node meanwhile (its lease
+			// lapsed): its new owner starts it.
+			return h.runRemote(ctx, awaitCtx, row, input, r)
+		}
 		return h.dispatchFailed(ctx, row, h.runError(runID, fmt.Errorf("start child: %w", err)))
 	}
 	defer releaseChild()
@@ -167,6 +172,11 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	cr, _, err := ch.startChildRun(ctx, runID, input, ChildRequest{RunID: runID, AgentType: class, ParentPath: h.b.Path()}, childStart{})
 	if err != nil {
+		if r := h.remote(h.b.Path().Child(class, runID)); r != nil {
+			// Refused by the fence: the child's shard left this node
+			// meanwhile. Starting is idempotent; its new owner does it.
+			return h.runRemote(ctx, awaitCtx, row, input, r)
+		}
 		return h.dispatchFailed(ctx, row, h.runError(runID, err))
 	}
 	if err := h.markRunning(ctx, runID); err != nil {
@@ -375,6 +385,9 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	}
 	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(row.AgentType, row.RunID))
 	if err != nil {
+		if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
+			return h.redispatchRemote(ctx, row, input, r) // its shard left this node meanwhile
+		}
 		return Result{}, fmt.Errorf("agenttool: child of %s: %w", row.RunID, err)
 	}
 	defer releaseChild()
@@ -393,6 +406,11 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 		// start it now, with this dispatch's input. Starting is idempotent.
 		cr, _, err = ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}, childStart{})
 		if err != nil {
+			if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
+				// Refused by the fence: the child's shard left this node
+				// meanwhile; its new owner starts it (idempotently).
+				return h.redispatchRemote(ctx, row, input, r)
+			}
 			return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 		}
 		if err := h.markRunning(ctx, row.RunID); err != nil {

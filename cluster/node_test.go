@@ -384,3 +384,37 @@ func TestFenceIdleLimitIsTheLeaseLeft(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultLeaseFailsOverWithinFiveSeconds (issue 24, item 4): with the
+// default lease, the shards of a node that dies right after renewing them
+// (kill -9: it never renews again) are taken by another node, stepping
+// every quarter lease as Run does, within 5 s of the death: the lease runs
+// out one lease after the last renewal, and the survivor's next round takes
+// it. Measured on one fake clock, so the bound is the protocol's, not the
+// machine's.
+func TestDefaultLeaseFailsOverWithinFiveSeconds(t *testing.T) {
+	d := newDB(t)
+	clock := clockwork.NewFakeClock()
+	defaults := func(c *Config) { c.Lease = 0 }
+	a := join(t, d, "a", clock, defaults)
+	step(t, a)
+	b := join(t, d, "b", clock, defaults)
+	step(t, b)
+	const shard = 7
+	if !slices.Contains(a.Owned(), shard) {
+		t.Fatalf("a owns %v, want shard %d", a.Owned(), shard)
+	}
+	died := clock.Now() // a renewed in its step; it does nothing more
+	for !slices.Contains(b.Owned(), shard) {
+		if clock.Since(died) > time.Minute {
+			t.Fatal("b never took the dead node's shard")
+		}
+		clock.Advance(b.Lease() / 4)
+		step(t, b)
+	}
+	if took := clock.Since(died); took > 5*time.Second {
+		t.Fatalf("b took the dead node's shard %v after its death (lease %v), want at most 5s", took, b.Lease())
+	} else {
+		t.Logf("failover after %v with the default lease %v", took, b.Lease())
+	}
+}

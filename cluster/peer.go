@@ -221,7 +221,10 @@ func (p *Peer) call(ctx context.Context, path agent.Path, op string, in, out any
 	for {
 		if p.Node.Owns(path) {
 			err = local(ctx)
-			if !errors.Is(err, agent.ErrNotOwner) {
+			// A fence that refused the write (the lease lapsed, during
+			// a database outage or a pause) is a shard changing hands
+			// too.
+			if !errors.Is(err, agent.ErrNotOwner) && !errors.Is(err, ErrNotOwner) && !errors.Is(err, ErrFenced) {
 				return err
 			}
 		} else if _, addr, ok := p.Node.Owner(path); ok {

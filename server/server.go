@@ -24,6 +24,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/store"
 )
 
 // Options configure a Server.
@@ -82,6 +83,13 @@ type Options struct {
 	// CORS answers preflight requests and adds permissive CORS headers to
 	// HTTP responses, for front ends served from another origin.
 	CORS bool
+	// DatabaseWait is how long a request or WebSocket upgrade waits for a
+	// database that cannot be reached (a PostgreSQL restart) while it
+	// loads its agent, before it is answered 503 with Retry-After, or
+	// closed with 1013 (try again later), which clients retry. Work
+	// already accepted (a turn, a run) waits for the database longer (see
+	// store.WithRetryLimit). Zero means 2 seconds.
+	DatabaseWait time.Duration
 	// NotFound answers requests outside the agent routes; nil means 404.
 	NotFound http.Handler
 	// Logger receives the server's logs; nil means the runtime's.
@@ -111,6 +119,7 @@ const (
 	DefaultSendBudgetBytes = 256 << 20
 	DefaultMaxConnections  = 10_000
 	DefaultWriteTimeout    = 10 * time.Second
+	DefaultDatabaseWait    = 2 * time.Second
 )
 
 // New returns a Server for opts.Runtime.
@@ -135,6 +144,9 @@ func New(opts Options) *Server {
 	}
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
+	}
+	if opts.DatabaseWait <= 0 {
+		opts.DatabaseWait = DefaultDatabaseWait
 	}
 	if opts.Logger == nil {
 		opts.Logger = opts.Runtime.Logger()
@@ -268,20 +280,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
+	// Loading the agents the request needs waits for an unreachable
+	// database only so long (DatabaseWait).
+	entry := store.WithRetryLimit(r.Context(), s.opts.DatabaseWait)
 	// Each parent on the way decides whether its child may be reached.
 	for i := 2; i <= len(route.Path); i++ {
-		if err := s.rt.CheckSubAgent(r.Context(), r, route.Path[:i]); err != nil {
-			if errors.Is(err, agent.ErrTooManyInstances) {
+		if err := s.rt.CheckSubAgent(entry, r, route.Path[:i]); err != nil {
+			switch {
+			case errors.Is(err, store.ErrUnavailable):
+				s.databaseUnavailable(w, r, isWS, err)
+			case errors.Is(err, agent.ErrTooManyInstances):
 				unavailable(w, "server busy: too many agents in memory, try again later")
-				return
+			default:
+				writeHTTPError(w, err, http.StatusNotFound)
 			}
-			writeHTTPError(w, err, http.StatusNotFound)
 			return
 		}
 	}
 	if isWS {
 		s.serveSocket(w, r, route)
 		return
+	}
+	if release, ok := s.load(w, r, route.Path, false); !ok {
+		return
+	} else if release != nil {
+		defer release()
 	}
 	// route.Rest is still escaped: URL.Path gets the decoded form (as
 	// net/http gives handlers), RawPath the escaped one.
@@ -298,6 +321,35 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r2.URL.Path = unescaped
 	r2.URL.RawPath = rest
 	s.rt.ServeInstance(w, r2, route.Path)
+}
+
+// load loads the agent at path, when this node serves it, under the
+// DatabaseWait limit, so that a request whose agent cannot be loaded for
+// want of the database is refused (databaseUnavailable; ok false) rather
+// than left waiting. The handler that follows finds the agent loaded;
+// release ends the hold. Other errors are left to the handler.
+func (s *Server) load(w http.ResponseWriter, r *http.Request, path agent.Path, isWS bool) (release func(), ok bool) {
+	if !s.rt.Owns(path) {
+		return nil, true
+	}
+	_, release, err := s.rt.Acquire(store.WithRetryLimit(r.Context(), s.opts.DatabaseWait), path)
+	if errors.Is(err, store.ErrUnavailable) {
+		s.databaseUnavailable(w, r, isWS, err)
+		return nil, false
+	}
+	return release, true
+}
+
+// databaseUnavailable refuses a request whose agent could not be loaded
+// because the database could not be reached: 503 with Retry-After, or a
+// WebSocket closed with 1013 (try again later).
+func (s *Server) databaseUnavailable(w http.ResponseWriter, r *http.Request, isWS bool, err error) {
+	s.log.Warn("database unavailable: request refused", "path", r.URL.Path, "err", err)
+	if isWS {
+		s.refuseSocket(w, r, &agent.CloseError{Code: int(websocket.StatusTryAgainLater), Reason: "database unavailable, try again later"})
+		return
+	}
+	unavailable(w, "database unavailable, try again shortly")
 }
 
 // unavailable answers 503 with a Retry-After, for a temporary limit.
@@ -421,6 +473,15 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 	s.conns++
 	s.wg.Add(1)
 	s.mu.Unlock()
+	if release, ok := s.load(w, r, route.Path, true); !ok {
+		s.mu.Lock()
+		s.conns--
+		s.mu.Unlock()
+		s.wg.Done()
+		return
+	} else if release != nil {
+		defer release()
+	}
 	defer func() {
 		s.mu.Lock()
 		s.conns--
@@ -459,6 +520,8 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 		s.log.Warn("connect failed", "path", route.Path.String(), "err", err)
 		if errors.Is(err, agent.ErrTooManyInstances) {
 			sk.Close(int(websocket.StatusTryAgainLater), "server busy")
+		} else if errors.Is(err, store.ErrUnavailable) {
+			sk.Close(int(websocket.StatusTryAgainLater), "database unavailable, try again later")
 		} else {
 			sk.Close(int(websocket.StatusInternalError), "agent unavailable")
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/cluster"
 	"github.com/agentry/agentry/internal/clusterserve"
 	"github.com/agentry/agentry/internal/demo"
 	"github.com/agentry/agentry/mcpclient"
@@ -30,7 +31,7 @@ func (c *clusterFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.postgres, "postgres", "", "run as a cluster node on this PostgreSQL database (postgres://…) instead of SQLite (default $"+postgresEnv+")")
 	fs.StringVar(&c.nodeID, "node-id", "", "this node's id, unique in the cluster (with --postgres)")
 	fs.StringVar(&c.advertise, "advertise", "", "host:port the other nodes reach this node at (with --postgres; default --addr)")
-	fs.DurationVar(&c.lease, "lease", 10*time.Second, "shard lease duration (with --postgres): a dead node's instances move after about this long")
+	fs.DurationVar(&c.lease, "lease", cluster.DefaultLease, "shard lease duration (with --postgres): a dead node's instances move after at most 1.25 times this long")
 }
 
 // clusterServe is what serve's other flags said.

@@ -134,13 +134,21 @@ func Run(ctx context.Context, c Config) error {
 		node.Run(runCtx)
 		wg.Wait()
 	}()
-	err = serve.Run(ctx, serve.Config{Listener: c.Listener, Handler: router, Runtime: app.Runtime, Logger: logger})
-	logger.Info("shutting down: handing shards over", "node", c.NodeID)
-	lctx, cancel := context.WithTimeout(context.Background(), node.Lease())
-	if lerr := node.Leave(lctx); lerr != nil {
-		logger.Warn("cluster: leave", "err", lerr)
+	leave := func() {
+		logger.Info("shutting down: handing shards over", "node", c.NodeID)
+		lctx, cancel := context.WithTimeout(context.Background(), node.Lease())
+		if lerr := node.Leave(lctx); lerr != nil {
+			logger.Warn("cluster: leave", "err", lerr)
+		}
+		cancel()
 	}
-	cancel()
+	// On SIGTERM the shards are handed over first, while the port still
+	// answers (their instances move at once; a request for one gets 503
+	// and is asked again, elsewhere), then the requests in flight are
+	// waited for.
+	err = serve.Run(ctx, serve.Config{Listener: c.Listener, Handler: router, Runtime: app.Runtime, Logger: logger,
+		BeforeShutdown: leave})
+	leave() // a no-op after a hand-over; otherwise (the server failed) now
 	stopRun()
 	<-runDone
 	router.Close()

@@ -33,6 +33,11 @@ type Config struct {
 	// ShutdownTimeout bounds the wait for requests in flight at shutdown;
 	// zero means 10 seconds.
 	ShutdownTimeout time.Duration
+	// BeforeShutdown, when set, runs once ctx is done, while the port
+	// still serves and before the requests in flight are waited for: a
+	// cluster node hands its shards over there, so that their instances
+	// move at once rather than after the node's requests ended.
+	BeforeShutdown func()
 }
 
 // Run serves c.Handler on c.Listener, starts c.Runtime while it serves, and
@@ -76,6 +81,9 @@ func Run(ctx context.Context, c Config) error {
 		case <-ctx.Done():
 		}
 	case <-ctx.Done():
+	}
+	if ctx.Err() != nil && c.BeforeShutdown != nil {
+		c.BeforeShutdown()
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()

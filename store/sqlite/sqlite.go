@@ -52,6 +52,20 @@
 //     waits for it and reports its real outcome, never "cancelled" for a
 //     transaction that may have committed.
 //
+// # Full or read-only disk
+//
+// A write the disk refuses (SQLITE_FULL, SQLITE_READONLY, SQLITE_IOERR: a
+// full disk, a database made read-only under the process, a failing disk)
+// rolls its transaction back whole, SQLite's own guarantee, and Update runs
+// it again once the disk takes writes (backoff from 10 ms to one second):
+// nothing of it is half-written, and a turn or run in flight goes on once
+// space is back, without a restart. It gives up with an error wrapping
+// store.ErrUnavailable when its context ends, when the context's
+// store.WithRetryLimit passes (the server sets one while it loads a
+// request's agent, which then gets 503), or after Options.MaxOutage (two
+// minutes). Reads (View) are not affected; background checkpoints fail and
+// are logged until the disk takes writes again.
+//
 // # Callbacks that wait
 //
 // An Update callback holds the writer, and with group commit the
@@ -66,6 +80,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -80,9 +95,10 @@ import (
 
 	"github.com/jonboulle/clockwork"
 
-	"github.com/agentry/agentry/store"
+	sqlitedrv "modernc.org/sqlite" // registers the "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	"github.com/agentry/agentry/store"
 )
 
 // Options tune Open. The zero value gives the defaults.
@@ -128,11 +144,19 @@ type Options struct {
 	// the disk is failing or full), once when they start failing and once
 	// when they work again; nil means slog.Default().
 	Logger *slog.Logger
+	// MaxOutage is the longest an Update waits for a disk that refuses its
+	// writes (full, read-only, failing; see "Full or read-only disk" in
+	// the package comment) when its context carries no shorter
+	// store.WithRetryLimit (default 2 minutes).
+	MaxOutage time.Duration
 }
 
 func (o Options) withDefaults() Options {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 64
+	}
+	if o.MaxOutage <= 0 {
+		o.MaxOutage = 2 * time.Minute
 	}
 	if o.MaxBatchBytes <= 0 {
 		o.MaxBatchBytes = 4 << 20
@@ -176,6 +200,7 @@ type DB struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	maxOutage time.Duration
 }
 
 var _ store.DB = (*DB)(nil)
@@ -201,11 +226,15 @@ type Stats struct {
 	// Checkpoints is the number of background checkpoints run, and
 	// CheckpointErrors the number that failed (left to the next one).
 	Checkpoints, CheckpointErrors int64
+	// DiskRefused is the number of Update attempts that failed because
+	// the disk refused the write (full, read-only, failing), and were
+	// retried or given up.
+	DiskRefused int64
 }
 
 type counters struct {
 	updates, committed, commits, views, statements, prepares, stalled atomic.Int64
-	checkpoints, checkpointErrors                                     atomic.Int64
+	checkpoints, checkpointErrors, diskRefused                        atomic.Int64
 }
 
 // Stats returns the counters.
@@ -213,7 +242,8 @@ func (db *DB) Stats() Stats {
 	s := &db.stats
 	return Stats{Updates: s.updates.Load(), Committed: s.committed.Load(), Commits: s.commits.Load(),
 		Views: s.views.Load(), Statements: s.statements.Load(), Prepares: s.prepares.Load(),
-		Stalled: s.stalled.Load(), Checkpoints: s.checkpoints.Load(), CheckpointErrors: s.checkpointErrors.Load()}
+		Stalled: s.stalled.Load(), Checkpoints: s.checkpoints.Load(), CheckpointErrors: s.checkpointErrors.Load(),
+		DiskRefused: s.diskRefused.Load()}
 }
 
 // Open opens (creating if needed) the database at path with the default
@@ -249,7 +279,7 @@ func OpenOptions(ctx context.Context, path string, opts Options) (*DB, error) {
 	pragmas.Add("_pragma", fmt.Sprintf("wal_autocheckpoint(%d)", autoCheckpoint))
 	writerDSN := "file:" + path + "?" + pragmas.Encode()
 
-	db := &DB{path: path}
+	db := &DB{path: path, maxOutage: opts.MaxOutage}
 	// The driver modernc.org/sqlite registered (with its package-level
 	// functions and hooks); sql.Open connects nothing.
 	reg, err := sql.Open("sqlite", "")
@@ -315,7 +345,55 @@ func (db *DB) Dialect() string { return "sqlite" }
 // package comment), and returns once that commit returned: nil when fn's
 // writes are durable, fn's error when fn failed (its writes rolled back).
 func (db *DB) Update(ctx context.Context, fn func(store.Tx) error) error {
-	return db.w.update(ctx, store.Fenced(ctx, fn))
+	fn = store.Fenced(ctx, fn)
+	var start time.Time
+	for n := 0; ; n++ {
+		err := db.w.update(ctx, fn)
+		if err == nil || !diskRefused(err) {
+			return err
+		}
+		// The transaction was rolled back whole (SQLite undoes a
+		// transaction whose COMMIT failed): running it again is safe.
+		db.stats.diskRefused.Add(1)
+		now := time.Now()
+		if start.IsZero() {
+			start = now
+		}
+		limit := db.maxOutage
+		if d, ok := store.RetryLimitOf(ctx); ok && d < limit {
+			limit = d
+		}
+		left := limit - now.Sub(start)
+		if left <= 0 {
+			return fmt.Errorf("sqlite: %w: the disk refused writes for %v: %w", store.ErrUnavailable, now.Sub(start).Round(time.Millisecond), err)
+		}
+		t := time.NewTimer(min(10*time.Millisecond<<min(n, 7), time.Second, left))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("sqlite: %w: %w (%w)", store.ErrUnavailable, err, context.Cause(ctx))
+		case <-db.w.stop:
+			t.Stop()
+			return ErrClosed
+		}
+	}
+}
+
+// diskRefused reports an error of a write the disk refused: full
+// (SQLITE_FULL), read-only (SQLITE_READONLY, a file or folder made
+// read-only under the database) or failing (SQLITE_IOERR, as a write past
+// the file size limit gives).
+func diskRefused(err error) bool {
+	var se *sqlitedrv.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code() & 0xff {
+	case sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY:
+		return true
+	}
+	return false
 }
 
 // View runs fn in a read-only transaction on a reader connection.

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
@@ -193,16 +195,26 @@ func askAgain(t *testing.T, what string, send func() (*http.Response, error)) (i
 	}
 }
 
-// count runs a count query on the shared database.
+// count runs a count query on the shared database. A query that failed
+// for want of the database (a test restarting it) is asked again for up
+// to 30 s.
 func (e *env) count(q string, args ...any) int {
 	var n int
-	if err := e.pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
-		if strings.Contains(err.Error(), "does not exist") {
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err := e.pool.QueryRow(context.Background(), q, args...).Scan(&n)
+		switch {
+		case err == nil:
+			return n
+		case strings.Contains(err.Error(), "does not exist"):
 			return 0 // the first instance has not created its tables yet
+		case time.Now().Before(deadline) && (pgconn.SafeToRetry(err) || errors.Is(err, io.ErrUnexpectedEOF) ||
+			strings.Contains(err.Error(), "connect") || strings.Contains(err.Error(), "SQLSTATE 57P") ||
+			strings.Contains(err.Error(), "conn closed") || strings.Contains(err.Error(), "EOF")):
+			time.Sleep(100 * time.Millisecond) // the database restarts: nothing to wait for here
+		default:
+			e.t.Fatal(err)
 		}
-		e.t.Fatal(err)
 	}
-	return n
 }
 
 // childrenDone counts the finished child runs of the fan.

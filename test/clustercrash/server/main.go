@@ -10,7 +10,7 @@
 // clear and read its ledgers, and its OnBeforeSubAgent gates drill-in
 // (?drill=yes).
 //
-//	server -addr 127.0.0.1:0 -postgres URL -node-id a -lease 2s -delay 20ms
+//	server -addr 127.0.0.1:0 -postgres URL -node-id a -lease 2s -delay 20ms [-advertise host:port]
 package main
 
 import (
@@ -302,6 +302,7 @@ func (f *Fan) fanOut(ctx context.Context, n int, tag string) map[string]int {
 			defer mu.Unlock()
 			if err != nil {
 				statuses["go-error"]++
+				f.Logger().Warn("fan-out: run failed", "run", fmt.Sprintf("%s-%d", tag, i), "err", err)
 				return
 			}
 			statuses[string(res.Status)]++
@@ -407,6 +408,7 @@ func (f *Fan) serveRemoteOps(ctx context.Context, w http.ResponseWriter, r *http
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "address to listen on")
+	advertise := flag.String("advertise", "", "host:port the other nodes reach this node at (default: the listener's)")
 	pg := flag.String("postgres", "", "cluster database URL")
 	nodeID := flag.String("node-id", "", "node id")
 	lease := flag.Duration("lease", 2*time.Second, "shard lease")
@@ -465,7 +467,7 @@ func main() {
 			}}, nil
 	}
 	logger.Info("agentry listening", "addr", "http://"+ln.Addr().String(), "node", *nodeID, "pid", os.Getpid())
-	err = clusterserve.Run(ctx, clusterserve.Config{Listener: ln, Postgres: *pg, NodeID: *nodeID, Lease: *lease, Logger: logger, NoHints: *noHints, Build: build})
+	err = clusterserve.Run(ctx, clusterserve.Config{Listener: ln, Postgres: *pg, NodeID: *nodeID, Advertise: *advertise, Lease: *lease, Logger: logger, NoHints: *noHints, Build: build})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(1)
