@@ -119,11 +119,11 @@ func (t *tasks) serve(w http.ResponseWriter, r *http.Request, next http.Handler)
 		}
 		t.answer(w, r, req, func(ctx context.Context, c call) (any, error) { return t.create(ctx, c, p.Name, p.Arguments) })
 	case "tasks/get":
-		t.answer(w, r, req, func(ctx context.Context, c call) (any, error) { return t.get(ctx, c, req.Params) })
+		t.answer(w, r, req, func(ctx context.Context, c call) (any, error) { return t.onTask(t.get)(ctx, c, req.Params) })
 	case "tasks/result":
-		t.answer(w, r, req, func(ctx context.Context, c call) (any, error) { return t.result(ctx, c, req.Params) })
+		t.answer(w, r, req, func(ctx context.Context, c call) (any, error) { return t.onTask(t.result)(ctx, c, req.Params) })
 	case "tasks/cancel":
-		t.answer(w, r, req, func(ctx context.Context, c call) (any, error) { return t.cancel(ctx, c, req.Params) })
+		t.answer(w, r, req, func(ctx context.Context, c call) (any, error) { return t.onTask(t.cancel)(ctx, c, req.Params) })
 	case "tasks/list":
 		t.answer(w, r, req, func(ctx context.Context, c call) (any, error) { return t.list(ctx, c, req.Params) })
 	default:
@@ -323,34 +323,40 @@ func (t *tasks) row(ctx context.Context, a agent.Agent, runID string) (agenttool
 	return run, nil
 }
 
-func (t *tasks) get(ctx context.Context, c call, params json.RawMessage) (any, error) {
-	ref, err := t.parseTask(params)
-	if err != nil {
-		return nil, err
+// taskOp is a task method past its preamble: it gets the task's parent
+// (admitted for the caller, pinned while the method runs), the task's
+// reference and its registry row.
+type taskOp func(ctx context.Context, a agent.Agent, ref taskRef, run agenttool.Run) (any, error)
+
+// onTask returns the method that parses a request's task id, reaches the
+// task's parent and reads its row, then runs op.
+func (t *tasks) onTask(op taskOp) func(context.Context, call, json.RawMessage) (any, error) {
+	return func(ctx context.Context, c call, params json.RawMessage) (any, error) {
+		ref, err := t.parseTask(params)
+		if err != nil {
+			return nil, err
+		}
+		a, release, ctx, err := t.parent(ctx, c, ref)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+		run, err := t.row(ctx, a, ref.RunID)
+		if err != nil {
+			return nil, err
+		}
+		return op(ctx, a, ref, run)
 	}
-	a, release, ctx, err := t.parent(ctx, c, ref)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	run, err := t.row(ctx, a, ref.RunID)
-	if err != nil {
-		return nil, err
-	}
+}
+
+// get answers tasks/get.
+func (t *tasks) get(_ context.Context, _ agent.Agent, ref taskRef, run agenttool.Run) (any, error) {
 	return taskOf(ref, run), nil
 }
 
-// result waits for a task's run to end and returns its tool result.
-func (t *tasks) result(ctx context.Context, c call, params json.RawMessage) (any, error) {
-	ref, err := t.parseTask(params)
-	if err != nil {
-		return nil, err
-	}
-	a, release, ctx, err := t.parent(ctx, c, ref)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
+// result answers tasks/result: it waits for the task's run to end and
+// returns its tool result.
+func (t *tasks) result(ctx context.Context, a agent.Agent, ref taskRef, run agenttool.Run) (any, error) {
 	ended := make(chan struct{}, 1)
 	stop, err := agenttool.WatchRun(a, ref.RunID, func(ev agenttool.Event) {
 		if ev.Kind != "chunk" && ev.Kind != "started" {
@@ -364,12 +370,13 @@ func (t *tasks) result(ctx context.Context, c call, params json.RawMessage) (any
 		return nil, err
 	}
 	defer stop()
+	// Read again now that the end is watched: an end between the first
+	// read and the watch would otherwise wait for the poll.
+	if run, err = t.row(ctx, a, ref.RunID); err != nil {
+		return nil, err
+	}
 	clock := t.h.rt.Clock()
 	for {
-		run, err := t.row(ctx, a, ref.RunID)
-		if err != nil {
-			return nil, err
-		}
 		if run.Status.Hard() || run.Status == agenttool.StatusInterrupted {
 			res := resultOf(run.Result())
 			res.Meta = map[string]any{"io.modelcontextprotocol/related-task": map[string]any{"taskId": ref.id()}}
@@ -386,27 +393,18 @@ func (t *tasks) result(ctx context.Context, c call, params json.RawMessage) (any
 			timer.Stop()
 		case <-timer.Chan():
 		}
+		if run, err = t.row(ctx, a, ref.RunID); err != nil {
+			return nil, err
+		}
 	}
 }
 
-func (t *tasks) cancel(ctx context.Context, c call, params json.RawMessage) (any, error) {
-	ref, err := t.parseTask(params)
-	if err != nil {
-		return nil, err
-	}
-	a, release, ctx, err := t.parent(ctx, c, ref)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	run, err := t.row(ctx, a, ref.RunID)
-	if err != nil {
-		return nil, err
-	}
+// cancel answers tasks/cancel: it aborts the task's run.
+func (t *tasks) cancel(ctx context.Context, a agent.Agent, ref taskRef, run agenttool.Run) (any, error) {
 	if !run.Status.Active() {
 		return nil, &rpcError{Code: codeInvalidParams, Message: "task is already " + taskStatus(run.Status)}
 	}
-	err = agent.Enter(ctx, a, func(ctx context.Context) error {
+	err := agent.Enter(ctx, a, func(ctx context.Context) error {
 		return agenttool.CancelAgentTool(ctx, a, ref.RunID, "cancelled by the MCP client")
 	})
 	if err != nil {
