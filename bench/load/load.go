@@ -1,0 +1,251 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentry/agentry/client"
+	"github.com/agentry/agentry/client/agenttools"
+	"github.com/agentry/agentry/internal/proccpu"
+)
+
+// gen is one run of the generator.
+type gen struct {
+	cfg Config
+	hc  *http.Client
+	rec *recorder
+}
+
+// failure records err under kind, or as a documented refusal when it is
+// one (docs/limits.md): an upgrade refused with 503 (connection limit), a
+// socket closed with 1013 (instance or send-queue limits), a chat request
+// refused because too many are queued or too many turns are in flight.
+func (g *gen) failure(kind string, err error) {
+	var he *client.HTTPError
+	var ce *client.CloseError
+	var te *client.TurnError
+	switch {
+	case errors.As(err, &he) && (he.StatusCode == http.StatusServiceUnavailable || he.StatusCode == http.StatusTooManyRequests):
+		g.rec.refuse("upgrade-"+strconv.Itoa(he.StatusCode), err)
+	case errors.As(err, &ce) && ce.Code == 1013:
+		g.rec.refuse("close-1013", err)
+	case errors.As(err, &te) && strings.Contains(te.Message, "too many chat requests"):
+		g.rec.refuse("chat-queue-full", err)
+	case errors.As(err, &te) && strings.Contains(te.Message, "turns in flight"):
+		g.rec.refuse("turns-in-flight", err)
+	case errors.As(err, &ce):
+		g.rec.fail(fmt.Sprintf("%s: closed %d", kind, ce.Code), err)
+	case errors.Is(err, context.DeadlineExceeded):
+		g.rec.fail(kind+": timeout", err)
+	default:
+		g.rec.fail(kind, err)
+	}
+}
+
+// Run runs the load described by cfg and checks the transcripts. Progress
+// and, with cfg.Verbose, every error go to logw. The error is for a run
+// that could not be done (a server that would not start); errors of the
+// users are in the report.
+func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	logger := log.New(logw, "load: ", log.Ltime)
+	if cfg.Serve {
+		srv, err := serveDemo(ctx, cfg.Data, cfg.Delay)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Close()
+		cfg.URL = srv.URL
+		cfg.PID = os.Getpid()
+	}
+	cfg.URL = strings.TrimSuffix(cfg.URL, "/")
+	if cfg.Prefix == "" {
+		cfg.Prefix = fmt.Sprintf("load-%d", time.Now().Unix())
+	}
+	if cfg.Ramp == 0 {
+		cfg.Ramp = min(cfg.Duration/4, time.Duration(cfg.Users)*10*time.Millisecond)
+	}
+	var rl *log.Logger
+	if cfg.Verbose {
+		rl = logger
+	}
+	g := &gen{cfg: cfg, rec: newRecorder(rl),
+		hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 30 * time.Second}}}
+	defer g.hc.CloseIdleConnections()
+
+	nNPM := int(math.Round(float64(cfg.Users) * cfg.NPMShare))
+	nGo := cfg.Users - nNPM
+	nShared := int(math.Round(float64(nGo) * cfg.Shared))
+	var insts []*instance
+	users := make([]*user, nGo)
+	for i := range users {
+		var in *instance
+		if i < nShared {
+			if i%cfg.Group == 0 {
+				in = newInstance(fmt.Sprintf("%s-shared-%d", cfg.Prefix, i/cfg.Group))
+				insts = append(insts, in)
+			}
+			in = insts[len(insts)-1]
+		} else {
+			in = newInstance(fmt.Sprintf("%s-user-%d", cfg.Prefix, i))
+			insts = append(insts, in)
+		}
+		users[i] = &user{g: g, id: i, inst: in, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(i))),
+			tr: agenttools.NewTracker(nil), wake: make(chan struct{}, 1)}
+	}
+
+	rep := &Report{}
+	rep.Load[0] = loadavg()
+	smp := startSampler(cfg.PID, cfg.Serve)
+	cpu0, cpuErr := proccpu.Process(cfg.PID, false)
+	logger.Printf("%d users (%d npm, %d on %d-user shared instances) against %s for %s", cfg.Users, nNPM, nShared, cfg.Group, cfg.URL, cfg.Duration)
+
+	start := time.Now()
+	runCtx, stopRun := context.WithTimeout(ctx, cfg.Duration)
+	defer stopRun()
+	// Work in flight at the end of the run finishes, within this bound.
+	workCtx, stopWork := context.WithTimeout(ctx, cfg.Duration+cfg.TurnTimeout+30*time.Second)
+	defer stopWork()
+	var wg sync.WaitGroup
+	for i, u := range users {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !sleepCtx(runCtx, cfg.Ramp*time.Duration(i)/time.Duration(cfg.Users)) {
+				return
+			}
+			u.loop(runCtx, workCtx)
+		}()
+	}
+	npm := startNPM(runCtx, workCtx, g, nNPM, logger)
+	wg.Wait()
+	npmInsts := npm.wait()
+	rep.Elapsed = time.Since(start)
+	logger.Printf("load done after %s; checking the transcripts", rep.Elapsed.Round(time.Millisecond))
+
+	r := g.rec.report(rep.Elapsed)
+	r.Load[0] = rep.Load[0]
+	r.Load[1] = loadavg()
+	r.Cores = runtime.NumCPU()
+	r.NPMUsers = nNPM
+	r.RSSPeak, r.Goroutines = smp.stop()
+	r.RSSEnd = rss(cfg.PID)
+	if cpu1, err := proccpu.Process(cfg.PID, false); err == nil && cpuErr == nil && cfg.PID != 0 {
+		r.CPU = cpu1 - cpu0
+	}
+	if cfg.Data != "" {
+		r.DBBytes = dirSize(cfg.Data)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	r.Check = g.check(cctx, append(insts, npmInsts...))
+	r.Config = cfg
+	return r, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// sampler follows the server's RSS (and, in-process, the goroutines) while
+// the load runs.
+type sampler struct {
+	stopc chan struct{}
+	done  chan struct{}
+	rss   int64
+	gor   int
+}
+
+func startSampler(pid int, inProcess bool) *sampler {
+	s := &sampler{stopc: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			s.rss = max(s.rss, rss(pid))
+			if inProcess {
+				s.gor = max(s.gor, runtime.NumGoroutine())
+			}
+			select {
+			case <-t.C:
+			case <-s.stopc:
+				return
+			}
+		}
+	}()
+	return s
+}
+
+func (s *sampler) stop() (rss int64, goroutines int) {
+	close(s.stopc)
+	<-s.done
+	return s.rss, s.gor
+}
+
+// rss returns a process's resident set size from /proc, 0 if unknown.
+func rss(pid int) int64 {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// dirSize is the size of the regular files under dir (the database, its
+// WAL and shared memory).
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
