@@ -148,10 +148,8 @@ func (r *Report) Print(w io.Writer) {
 	secs := r.Elapsed.Seconds()
 	fmt.Fprintf(w, "elapsed %.1f s: %d turns (%.1f/s), %d child runs (%.1f/s)\n", secs, r.Turns, float64(r.Turns)/secs, r.Runs, float64(r.Runs)/secs)
 	var as []string
-	for _, a := range actions {
-		if r.Actions[a] > 0 {
-			as = append(as, fmt.Sprintf("%s %d", a, r.Actions[a]))
-		}
+	for _, a := range slices.Sorted(maps.Keys(r.Actions)) {
+		as = append(as, fmt.Sprintf("%s %d", a, r.Actions[a]))
 	}
 	fmt.Fprintf(w, "actions: %s\n", strings.Join(as, ", "))
 	fmt.Fprintf(w, "first chunk: p50 %s  p95 %s  p99 %s\n", ms(r.First[0]), ms(r.First[1]), ms(r.First[2]))
