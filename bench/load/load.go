@@ -117,6 +117,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	logger.Printf("%d users (%d npm, %d on %d-user shared instances) against %s for %s", cfg.Users, nNPM, nShared, cfg.Group, cfg.URL, cfg.Duration)
 
 	start := time.Now()
+	g.rec.until = start.Add(cfg.Duration)
 	runCtx, stopRun := context.WithTimeout(ctx, cfg.Duration)
 	defer stopRun()
 	// Work in flight at the end of the run finishes, within this bound.

@@ -13,16 +13,20 @@ import (
 
 // recorder collects what the users measure; it is safe for concurrent use.
 type recorder struct {
-	log     *log.Logger // nil: errors are only counted
-	mu      sync.Mutex
-	first   []time.Duration
-	end     []time.Duration
-	turns   int
-	runs    int
-	actions map[string]int
-	errs    map[string]int
-	refused map[string]int
-	samples map[string]string // one message per error kind
+	log   *log.Logger // nil: errors are only counted
+	mu    sync.Mutex
+	first []time.Duration
+	end   []time.Duration
+	turns int
+	runs  int
+	// until ends the run's window; wturns and wruns are the turns and runs
+	// that ended in it.
+	until         time.Time
+	wturns, wruns int
+	actions       map[string]int
+	errs          map[string]int
+	refused       map[string]int
+	samples       map[string]string // one message per error kind
 }
 
 func newRecorder(l *log.Logger) *recorder {
@@ -40,12 +44,19 @@ func (r *recorder) turn(first, end time.Duration, runs int) {
 	r.end = append(r.end, end)
 	r.turns++
 	r.runs += runs
+	if time.Now().Before(r.until) {
+		r.wturns++
+		r.wruns += runs
+	}
 }
 
 // addRuns records child runs finished outside a turn (background runs).
 func (r *recorder) addRuns(n int) {
 	r.mu.Lock()
 	r.runs += n
+	if time.Now().Before(r.until) {
+		r.wruns += n
+	}
 	r.mu.Unlock()
 }
 
@@ -85,7 +96,11 @@ type Report struct {
 	Elapsed time.Duration // from the first user's start to the last action's end
 	Turns   int
 	Runs    int
-	Actions map[string]int
+	// WindowTurns and WindowRuns ended within Config.Duration of the
+	// start (the rates are over that window; after it, users finish what
+	// they started but start nothing new).
+	WindowTurns, WindowRuns int
+	Actions                 map[string]int
 	// First and End are the p50, p95 and p99 times to the first chunk and
 	// to the end of a turn; Max the longest turn.
 	First, End [3]time.Duration
@@ -113,7 +128,7 @@ func (r *Report) OK() bool { return len(r.Errors) == 0 && r.Check.OK() }
 func (r *recorder) report(elapsed time.Duration) *Report {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rep := &Report{Elapsed: elapsed, Turns: r.turns, Runs: r.runs, Actions: maps.Clone(r.actions),
+	rep := &Report{Elapsed: elapsed, Turns: r.turns, Runs: r.runs, WindowTurns: r.wturns, WindowRuns: r.wruns, Actions: maps.Clone(r.actions),
 		Errors: maps.Clone(r.errs), Refusals: maps.Clone(r.refused), Samples: maps.Clone(r.samples)}
 	rep.First = percentiles(r.first)
 	rep.End = percentiles(r.end)
@@ -146,7 +161,9 @@ func (r *Report) Print(w io.Writer) {
 		c.Users, r.NPMUsers, c.Duration, c.Mix, c.Think, c.Shared, c.Group, r.Cores)
 	fmt.Fprintf(w, "load average before: %s\nload average after:  %s\n", r.Load[0], r.Load[1])
 	secs := r.Elapsed.Seconds()
-	fmt.Fprintf(w, "elapsed %.1f s: %d turns (%.1f/s), %d child runs (%.1f/s)\n", secs, r.Turns, float64(r.Turns)/secs, r.Runs, float64(r.Runs)/secs)
+	win := c.Duration.Seconds()
+	fmt.Fprintf(w, "in the %s window: %.1f turns/s, %.1f child runs/s (%d turns, %d runs)\n", c.Duration, float64(r.WindowTurns)/win, float64(r.WindowRuns)/win, r.WindowTurns, r.WindowRuns)
+	fmt.Fprintf(w, "all, with the drain: %d turns, %d child runs in %.1f s\n", r.Turns, r.Runs, secs)
 	var as []string
 	for _, a := range slices.Sorted(maps.Keys(r.Actions)) {
 		as = append(as, fmt.Sprintf("%s %d", a, r.Actions[a]))
