@@ -101,7 +101,7 @@ func (g *gen) check(ctx context.Context, insts []*instance) CheckResult {
 // messages reads a transcript with GET …/get-messages, as useAgentChat
 // does on mount.
 func (g *gen) messages(ctx context.Context, name string, sub *client.Hop) ([]message.Message, error) {
-	u := g.cfg.URL + "/agents/assistant/" + client.EncodeURIComponent(name)
+	u := g.cfg.URLs[0] + "/agents/assistant/" + client.EncodeURIComponent(name)
 	if sub != nil {
 		u += "/sub/" + agent.Kebab(sub.Agent) + "/" + client.EncodeURIComponent(sub.Name)
 	}

@@ -11,8 +11,9 @@ import (
 
 // Config is one load run.
 type Config struct {
-	// URL is the server's base URL, http://host:port.
-	URL string
+	// URLs are the servers' base URLs, http://host:port: one, or a
+	// cluster's nodes, to which the users are dealt in turn.
+	URLs []string
 	// Serve starts the demo in this process (see serveDemo) instead.
 	Serve bool
 	// Delay is the in-process demo's scripted-model delay.
@@ -33,9 +34,9 @@ type Config struct {
 	Group  int
 	// Prefix starts every instance name.
 	Prefix string
-	// PID is the server's process, for RSS and CPU; 0 means unknown
-	// (this process with Serve).
-	PID int
+	// PIDs are the server processes, for RSS and CPU (summed); none
+	// means unknown (this process with Serve).
+	PIDs []int
 	// Data is the server's data folder, for the database size.
 	Data string
 	// Token is a bearer token for the server.
@@ -53,6 +54,8 @@ type Config struct {
 
 func (c *Config) validate() error {
 	switch {
+	case len(c.URLs) == 0 && !c.Serve:
+		return errors.New("-url is required")
 	case c.Users < 1:
 		return errors.New("-users must be at least 1")
 	case c.Duration <= 0:

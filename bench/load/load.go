@@ -71,10 +71,9 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 			return nil, err
 		}
 		defer srv.Close()
-		cfg.URL = srv.URL
-		cfg.PID = os.Getpid()
+		cfg.URLs = []string{srv.URL}
+		cfg.PIDs = []int{os.Getpid()}
 	}
-	cfg.URL = strings.TrimSuffix(cfg.URL, "/")
 	if cfg.Prefix == "" {
 		cfg.Prefix = fmt.Sprintf("load-%d", time.Now().Unix())
 	}
@@ -106,15 +105,15 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 			in = newInstance(fmt.Sprintf("%s-user-%d", cfg.Prefix, i))
 			insts = append(insts, in)
 		}
-		users[i] = &user{g: g, id: i, inst: in, rng: rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(i))),
+		users[i] = &user{g: g, id: i, inst: in, url: cfg.URLs[i%len(cfg.URLs)], rng: rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(i))),
 			tr: agenttools.NewTracker(nil), wake: make(chan struct{}, 1)}
 	}
 
 	rep := &Report{}
 	rep.Load[0] = loadavg()
-	smp := startSampler(cfg.PID, cfg.Serve)
-	cpu0, cpuErr := proccpu.Process(cfg.PID, false)
-	logger.Printf("%d users (%d npm, %d on %d-user shared instances) against %s for %s", cfg.Users, nNPM, nShared, cfg.Group, cfg.URL, cfg.Duration)
+	smp := startSampler(cfg.PIDs, cfg.Serve)
+	cpu0, cpuErr := cpuOf(cfg.PIDs)
+	logger.Printf("%d users (%d npm, %d on %d-user shared instances) against %s for %s", cfg.Users, nNPM, nShared, cfg.Group, strings.Join(cfg.URLs, ", "), cfg.Duration)
 
 	start := time.Now()
 	g.rec.until = start.Add(cfg.Duration)
@@ -146,8 +145,8 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	r.Cores = runtime.NumCPU()
 	r.NPMUsers = nNPM
 	r.RSSPeak, r.Goroutines = smp.stop()
-	r.RSSEnd = rss(cfg.PID)
-	if cpu1, err := proccpu.Process(cfg.PID, false); err == nil && cpuErr == nil && cfg.PID != 0 {
+	r.RSSEnd = rssOf(cfg.PIDs)
+	if cpu1, err := cpuOf(cfg.PIDs); err == nil && cpuErr == nil {
 		r.CPU = cpu1 - cpu0
 	}
 	if cfg.Data != "" {
@@ -183,14 +182,14 @@ type sampler struct {
 	gor   int
 }
 
-func startSampler(pid int, inProcess bool) *sampler {
+func startSampler(pids []int, inProcess bool) *sampler {
 	s := &sampler{stopc: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(500 * time.Millisecond)
 		defer t.Stop()
 		for {
-			s.rss = max(s.rss, rss(pid))
+			s.rss = max(s.rss, rssOf(pids))
 			if inProcess {
 				s.gor = max(s.gor, runtime.NumGoroutine())
 			}
@@ -210,11 +209,30 @@ func (s *sampler) stop() (rss int64, goroutines int) {
 	return s.rss, s.gor
 }
 
+// cpuOf returns the CPU time the processes spent, summed.
+func cpuOf(pids []int) (time.Duration, error) {
+	var t time.Duration
+	for _, p := range pids {
+		d, err := proccpu.Process(p, false)
+		if err != nil {
+			return 0, err
+		}
+		t += d
+	}
+	return t, nil
+}
+
+// rssOf returns the processes' resident set sizes, summed.
+func rssOf(pids []int) int64 {
+	var n int64
+	for _, p := range pids {
+		n += rss(p)
+	}
+	return n
+}
+
 // rss returns a process's resident set size from /proc, 0 if unknown.
 func rss(pid int) int64 {
-	if pid == 0 {
-		return 0
-	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0

@@ -62,6 +62,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -90,7 +91,7 @@ func main() {
 func parseFlags(args []string) (Config, error) {
 	var c Config
 	fs := flag.NewFlagSet("load", flag.ContinueOnError)
-	fs.StringVar(&c.URL, "url", "http://127.0.0.1:8787", "base URL of the server (ignored with -serve)")
+	urls := fs.String("url", "http://127.0.0.1:8787", "base URL of the server, or comma-separated URLs of a cluster's nodes (users are dealt to them in turn; ignored with -serve)")
 	fs.BoolVar(&c.Serve, "serve", false, "serve the demo in this process on a fresh SQLite database in -data")
 	fs.DurationVar(&c.Delay, "delay", 50*time.Millisecond, "with -serve: the scripted model's delay between chunks (as agentry serve --delay)")
 	fs.IntVar(&c.Users, "users", 10, "concurrent users")
@@ -101,7 +102,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.Float64Var(&c.Shared, "shared", 0, "share of the users on shared instances (0 to 1)")
 	fs.IntVar(&c.Group, "group", 4, "users per shared instance")
 	fs.StringVar(&c.Prefix, "prefix", "", "instance name prefix (default load-<unix time>)")
-	fs.IntVar(&c.PID, "pid", 0, "the server's process id, for its RSS and CPU (/proc/<pid>)")
+	pids := fs.String("pid", "", "the server's process id, for its RSS and CPU (/proc/<pid>); comma-separated for a cluster's nodes (summed)")
 	fs.StringVar(&c.Data, "data", "", "the server's data folder, for the database size (with -serve: where it is created)")
 	fs.StringVar(&c.Token, "token", "", "bearer token for a server started with --auth-token")
 	fs.DurationVar(&c.TurnTimeout, "turn-timeout", 2*time.Minute, "longest wait for one turn, or a background run's answer")
@@ -117,6 +118,20 @@ func parseFlags(args []string) (Config, error) {
 		return c, err
 	}
 	c.Mix = m
+	for _, u := range strings.Split(*urls, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			c.URLs = append(c.URLs, strings.TrimSuffix(u, "/"))
+		}
+	}
+	for _, p := range strings.Split(*pids, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			n, err := strconv.Atoi(p)
+			if err != nil || n <= 0 {
+				return c, fmt.Errorf("bad -pid %q", p)
+			}
+			c.PIDs = append(c.PIDs, n)
+		}
+	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %s", strings.Join(fs.Args(), " "))
 	}

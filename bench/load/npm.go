@@ -47,10 +47,6 @@ func startNPM(run, work context.Context, g *gen, n int, logger *log.Logger) *npm
 	if n == 0 {
 		return u
 	}
-	host := g.cfg.URL
-	if pu, err := url.Parse(g.cfg.URL); err == nil && pu.Host != "" {
-		host = pu.Host
-	}
 	script, err := filepath.Abs(filepath.Join(g.cfg.NPMDir, "npm-user.mjs"))
 	if err != nil {
 		g.rec.fail("npm start", err)
@@ -62,6 +58,10 @@ func startNPM(run, work context.Context, g *gen, n int, logger *log.Logger) *npm
 		u.wg.Add(1)
 		go func() {
 			defer u.wg.Done()
+			host := g.cfg.URLs[i%len(g.cfg.URLs)]
+			if pu, err := url.Parse(host); err == nil && pu.Host != "" {
+				host = pu.Host
+			}
 			left := time.Until(dl)
 			cmd := exec.CommandContext(work, "node", script, host, name, strconv.FormatInt(left.Milliseconds(), 10),
 				strconv.FormatInt(g.cfg.Think.Milliseconds(), 10), g.cfg.Mix.String(), strconv.FormatInt(g.cfg.Seed+int64(i), 10))

@@ -62,6 +62,7 @@ func (in *instance) record(f func()) {
 type user struct {
 	g    *gen
 	id   int
+	url  string // the server (node) it talks to
 	inst *instance
 	rng  *rand.Rand
 	tr   *agenttools.Tracker
@@ -83,7 +84,7 @@ func (u *user) onFrame(f client.Frame) {
 }
 
 func (u *user) options() client.Options {
-	return client.Options{BaseURL: u.g.cfg.URL, Agent: "Assistant", Name: u.inst.name, Chat: true,
+	return client.Options{BaseURL: u.url, Agent: "Assistant", Name: u.inst.name, Chat: true,
 		Token: u.g.cfg.Token, HTTPClient: u.g.hc, OnFrame: u.onFrame}
 }
 
