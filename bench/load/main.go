@@ -35,7 +35,10 @@
 // Every foreground turn also waits for the agent-tool events of its runs to
 // reach a terminal status. At the end the generator reports runs/s (child
 // runs finished), turns/s, p50/p95/p99 of the time from sending a message
-// to its first streamed chunk and to the end of the turn, errors by kind
+// to its first streamed chunk, to its first content chunk (text, a tool
+// call: anything but start and start-step) and to the end of the turn
+// (over the window of -duration; the drain after it is reported apart),
+// errors by kind
 // (documented refusals apart: see docs/limits.md), the server's peak RSS
 // and CPU (from /proc/<pid> with -pid, or this process with -serve),
 // goroutines (-serve only: `agentry serve` exposes none), and the size of

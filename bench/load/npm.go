@@ -89,7 +89,7 @@ func startNPM(run, work context.Context, g *gen, n int, logger *log.Logger) *npm
 				switch {
 				case l.Turn != nil:
 					g.rec.action("npm " + l.Turn.Action)
-					g.rec.turn(time.Duration(l.Turn.First*float64(time.Millisecond)), time.Duration(l.Turn.End*float64(time.Millisecond)), l.Turn.Runs)
+					g.rec.turn(time.Duration(l.Turn.First*float64(time.Millisecond)), 0, time.Duration(l.Turn.End*float64(time.Millisecond)), l.Turn.Runs)
 				case l.Error != nil:
 					g.rec.action("npm failed")
 					g.failure(l.Error.Kind, errors.New(l.Error.Message))

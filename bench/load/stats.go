@@ -13,12 +13,13 @@ import (
 
 // recorder collects what the users measure; it is safe for concurrent use.
 type recorder struct {
-	log   *log.Logger // nil: errors are only counted
-	mu    sync.Mutex
-	first []time.Duration
-	end   []time.Duration
-	turns int
-	runs  int
+	log     *log.Logger // nil: errors are only counted
+	mu      sync.Mutex
+	first   []time.Duration
+	content []time.Duration
+	end     []time.Duration
+	turns   int
+	runs    int
 	// until ends the run's window; wturns and wruns are the turns and runs
 	// that ended in it.
 	until         time.Time
@@ -33,13 +34,17 @@ func newRecorder(l *log.Logger) *recorder {
 	return &recorder{log: l, actions: map[string]int{}, errs: map[string]int{}, refused: map[string]int{}, samples: map[string]string{}}
 }
 
-// turn records a finished turn: its time to the first chunk (0: none
-// measured) and to its end, and the child runs it finished.
-func (r *recorder) turn(first, end time.Duration, runs int) {
+// turn records a finished turn: its time to the first chunk and to the
+// first content chunk (0: none measured) and to its end, and the child
+// runs it finished.
+func (r *recorder) turn(first, content, end time.Duration, runs int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if first > 0 {
 		r.first = append(r.first, first)
+	}
+	if content > 0 {
+		r.content = append(r.content, content)
 	}
 	r.end = append(r.end, end)
 	r.turns++
@@ -101,13 +106,15 @@ type Report struct {
 	// they started but start nothing new).
 	WindowTurns, WindowRuns int
 	Actions                 map[string]int
-	// First and End are the p50, p95 and p99 times to the first chunk and
-	// to the end of a turn; Max the longest turn.
-	First, End [3]time.Duration
-	MaxEnd     time.Duration
-	Errors     map[string]int
-	Refusals   map[string]int
-	Samples    map[string]string
+	// First, Content and End are the p50, p95 and p99 times from sending
+	// a message to the turn's first chunk, to its first content chunk
+	// (not start or start-step; Go users only) and to its end; MaxEnd is
+	// the longest turn.
+	First, Content, End [3]time.Duration
+	MaxEnd              time.Duration
+	Errors              map[string]int
+	Refusals            map[string]int
+	Samples             map[string]string
 	// Server figures; zero when unknown.
 	RSSPeak, RSSEnd int64
 	CPU             time.Duration
@@ -131,6 +138,7 @@ func (r *recorder) report(elapsed time.Duration) *Report {
 	rep := &Report{Elapsed: elapsed, Turns: r.turns, Runs: r.runs, WindowTurns: r.wturns, WindowRuns: r.wruns, Actions: maps.Clone(r.actions),
 		Errors: maps.Clone(r.errs), Refusals: maps.Clone(r.refused), Samples: maps.Clone(r.samples)}
 	rep.First = percentiles(r.first)
+	rep.Content = percentiles(r.content)
 	rep.End = percentiles(r.end)
 	if len(r.end) > 0 {
 		rep.MaxEnd = slices.Max(r.end)
@@ -170,6 +178,7 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "actions: %s\n", strings.Join(as, ", "))
 	fmt.Fprintf(w, "first chunk: p50 %s  p95 %s  p99 %s\n", ms(r.First[0]), ms(r.First[1]), ms(r.First[2]))
+	fmt.Fprintf(w, "first content chunk: p50 %s  p95 %s  p99 %s\n", ms(r.Content[0]), ms(r.Content[1]), ms(r.Content[2]))
 	fmt.Fprintf(w, "end of turn: p50 %s  p95 %s  p99 %s  max %s\n", ms(r.End[0]), ms(r.End[1]), ms(r.End[2]), ms(r.MaxEnd))
 	if r.RSSPeak > 0 {
 		fmt.Fprintf(w, "server RSS: peak %.1f MiB, end %.1f MiB\n", float64(r.RSSPeak)/(1<<20), float64(r.RSSEnd)/(1<<20))

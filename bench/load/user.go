@@ -211,7 +211,7 @@ func (u *user) send(ctx context.Context, text string) (*client.Stream, string, e
 
 // foreground runs one awaited turn that starts runs agent-tool runs, and
 // checks their events; with reconnect, it drops the connection after the
-// first chunk and resumes the turn on a new one.
+// first content chunk and resumes the turn on a new one.
 func (u *user) foreground(ctx context.Context, text string, runs int, reconnect bool) (string, error) {
 	tctx, cancel := context.WithTimeout(ctx, u.g.cfg.TurnTimeout)
 	defer cancel()
@@ -226,10 +226,8 @@ func (u *user) foreground(ctx context.Context, text string, runs int, reconnect 
 		return "send", err
 	}
 	u.inst.record(func() { u.inst.sent = append(u.inst.sent, id) })
-	var first time.Duration
-	if _, err := s.Next(tctx); err == nil {
-		first = time.Since(start)
-	} else if !errors.Is(err, io.EOF) {
+	first, content, err := firstChunks(tctx, s, start)
+	if err != nil {
 		return "stream", err
 	}
 	if reconnect {
@@ -246,7 +244,7 @@ func (u *user) foreground(ctx context.Context, text string, runs int, reconnect 
 			if err != nil {
 				return "resume-lost", err
 			}
-			u.finish(id, r, start, first, nil, runs)
+			u.finish(id, r, start, first, content, nil, runs)
 			return "", nil
 		case err != nil:
 			return "resume", err
@@ -290,12 +288,12 @@ func (u *user) foreground(ctx context.Context, text string, runs int, reconnect 
 			return "run-" + string(r.Status), fmt.Errorf("run %s ended %s: %s", r.RunID, r.Status, r.Error)
 		}
 	}
-	u.finish(id, res.Message, start, first, done, runs)
+	u.finish(id, res.Message, start, first, content, done, runs)
 	return "", nil
 }
 
 // finish records a completed turn.
-func (u *user) finish(id string, answer message.Message, start time.Time, first time.Duration, done []*agenttools.Run, runs int) {
+func (u *user) finish(id string, answer message.Message, start time.Time, first, content time.Duration, done []*agenttools.Run, runs int) {
 	end := time.Since(start)
 	u.inst.record(func() {
 		if answer.ID != "" {
@@ -308,7 +306,7 @@ func (u *user) finish(id string, answer message.Message, start time.Time, first 
 			u.mine = append(u.mine, r.SubAgent)
 		}
 	}
-	u.g.rec.turn(first, end, runs)
+	u.g.rec.turn(first, content, end, runs)
 }
 
 // answerAfter finds, in the connection's transcript, the assistant message
@@ -342,10 +340,8 @@ func (u *user) background(ctx context.Context, topic string) (string, error) {
 		return "send", err
 	}
 	u.inst.record(func() { u.inst.sent = append(u.inst.sent, id) })
-	var first time.Duration
-	if _, err := s.Next(tctx); err == nil {
-		first = time.Since(start)
-	} else if !errors.Is(err, io.EOF) {
+	first, content, err := firstChunks(tctx, s, start)
+	if err != nil {
 		return "stream", err
 	}
 	res, err := s.Wait(tctx)
@@ -364,7 +360,7 @@ func (u *user) background(ctx context.Context, topic string) (string, error) {
 	if call == "" {
 		return "answer", fmt.Errorf("turn %s did not call research_background: %s", res.ID, textOf(res.Message))
 	}
-	u.finish(id, res.Message, start, first, nil, 0)
+	u.finish(id, res.Message, start, first, content, nil, 0)
 	runID := "agent-tool:" + call
 	prefix := "detached-finish:" + runID + ":"
 	var answer string
@@ -423,10 +419,8 @@ func (u *user) drill(ctx context.Context, sa agenttools.SubAgent) (string, error
 	}
 	cr.sent = append(cr.sent, id)
 	u.inst.mu.Unlock()
-	var first time.Duration
-	if _, err := s.Next(tctx); err == nil {
-		first = time.Since(start)
-	} else if !errors.Is(err, io.EOF) {
+	first, content, err := firstChunks(tctx, s, start)
+	if err != nil {
 		return "stream", err
 	}
 	res, err := s.Wait(tctx)
@@ -441,8 +435,30 @@ func (u *user) drill(ctx context.Context, sa agenttools.SubAgent) (string, error
 			cr.answers = append(cr.answers, res.Message.ID)
 		}
 	})
-	u.g.rec.turn(first, time.Since(start), 0)
+	u.g.rec.turn(first, content, time.Since(start), 0)
 	return "", nil
+}
+
+// firstChunks reads a turn's stream up to its first content chunk (one
+// that is not start or start-step: text, reasoning, a tool call, data) and
+// returns the times from start to the first chunk and to that one; zero
+// when the turn ended before.
+func firstChunks(ctx context.Context, s *client.Stream, start time.Time) (first, content time.Duration, err error) {
+	for {
+		c, err := s.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return first, content, nil
+		}
+		if err != nil {
+			return first, content, err
+		}
+		if first == 0 {
+			first = time.Since(start)
+		}
+		if c.Type != "start" && c.Type != "start-step" {
+			return first, time.Since(start), nil
+		}
+	}
 }
 
 // turnKind names the kind of a turn's error.
