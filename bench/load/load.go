@@ -45,7 +45,7 @@ func (g *gen) failure(kind string, err error) {
 		g.rec.refuse("close-1013", err)
 	case errors.As(err, &te) && strings.Contains(te.Message, "too many chat requests"):
 		g.rec.refuse("chat-queue-full", err)
-	case errors.As(err, &te) && strings.Contains(te.Message, "turns in flight"):
+	case errors.As(err, &te) && strings.Contains(te.Message, "too many chat turns are in flight"):
 		g.rec.refuse("turns-in-flight", err)
 	case errors.As(err, &ce):
 		g.rec.fail(fmt.Sprintf("%s: closed %d", kind, ce.Code), err)

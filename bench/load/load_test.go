@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/client"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -126,5 +128,29 @@ func TestParseMix(t *testing.T) {
 		if _, err := ParseMix(bad); err == nil {
 			t.Errorf("ParseMix(%q) accepted", bad)
 		}
+	}
+}
+
+// TestFailureKinds counts the documented refusals (docs/limits.md) apart
+// from errors.
+func TestFailureKinds(t *testing.T) {
+	g := &gen{rec: newRecorder(nil)}
+	g.failure("dial", fmt.Errorf("dial x: %w", &client.HTTPError{StatusCode: 503, Status: "503 Service Unavailable"}))
+	g.failure("stream", &client.CloseError{Code: 1013})
+	g.failure("turn-error", &client.TurnError{ID: "r", Message: "too many chat turns are in flight on this server (the limit is 2); send it again later"})
+	g.failure("turn-error", &client.TurnError{ID: "r", Message: "too many chat requests are queued on this agent (the limit is 16)"})
+	g.failure("stream", &client.CloseError{Code: 1006})
+	g.failure("turn-error", &client.TurnError{ID: "r", Message: "model failed"})
+	rep := g.rec.report(time.Second)
+	want := map[string]int{"upgrade-503": 1, "close-1013": 1, "turns-in-flight": 1, "chat-queue-full": 1}
+	if fmt.Sprint(rep.Refusals) != fmt.Sprint(want) {
+		t.Errorf("refusals %v, want %v", rep.Refusals, want)
+	}
+	wantErr := map[string]int{"stream: closed 1006": 1, "turn-error": 1}
+	if fmt.Sprint(rep.Errors) != fmt.Sprint(wantErr) {
+		t.Errorf("errors %v, want %v", rep.Errors, wantErr)
+	}
+	if rep.OK() {
+		t.Error("a report with errors is OK")
 	}
 }
