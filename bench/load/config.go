@@ -37,6 +37,9 @@ type Config struct {
 	// PIDs are the server processes, for RSS and CPU (summed); none
 	// means unknown (this process with Serve).
 	PIDs []int
+	// Debug are the servers' profile addresses (agentry serve
+	// --debug-addr: http://host:port), for their goroutines (summed).
+	Debug []string
 	// Data is the server's data folder, for the database size.
 	Data string
 	// Token is a bearer token for the server.

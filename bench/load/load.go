@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -111,7 +112,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 
 	rep := &Report{}
 	rep.Load[0] = loadavg()
-	smp := startSampler(cfg.PIDs, cfg.Serve)
+	smp := startSampler(cfg.PIDs, cfg.Serve, cfg.Debug, g.hc)
 	cpu0, cpuErr := cpuOf(cfg.PIDs)
 	logger.Printf("%d users (%d npm, %d on %d-user shared instances) against %s for %s", cfg.Users, nNPM, nShared, cfg.Group, strings.Join(cfg.URLs, ", "), cfg.Duration)
 
@@ -182,16 +183,20 @@ type sampler struct {
 	gor   int
 }
 
-func startSampler(pids []int, inProcess bool) *sampler {
+func startSampler(pids []int, inProcess bool, debug []string, hc *http.Client) *sampler {
 	s := &sampler{stopc: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(500 * time.Millisecond)
 		defer t.Stop()
-		for {
+		for i := 0; ; i++ {
 			s.rss = max(s.rss, rssOf(pids))
 			if inProcess {
 				s.gor = max(s.gor, runtime.NumGoroutine())
+			}
+			if len(debug) > 0 && i%4 == 0 {
+				// Every 2 s: a goroutine profile costs the server a little.
+				s.gor = max(s.gor, goroutinesOf(hc, debug))
 			}
 			select {
 			case <-t.C:
@@ -207,6 +212,32 @@ func (s *sampler) stop() (rss int64, goroutines int) {
 	close(s.stopc)
 	<-s.done
 	return s.rss, s.gor
+}
+
+// goroutinesOf sums the goroutines the servers' profiles report
+// (/debug/pprof/goroutine?debug=1 starts "goroutine profile: total N"); 0
+// when one does not answer.
+func goroutinesOf(hc *http.Client, debug []string) int {
+	n := 0
+	for _, d := range debug {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d+"/debug/pprof/goroutine?debug=1", nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			cancel()
+			return 0
+		}
+		line, _ := bufio.NewReader(io.LimitReader(resp.Body, 256)).ReadString('\n')
+		resp.Body.Close()
+		cancel()
+		v, ok := strings.CutPrefix(strings.TrimSpace(line), "goroutine profile: total ")
+		g, err := strconv.Atoi(v)
+		if !ok || err != nil {
+			return 0
+		}
+		n += g
+	}
+	return n
 }
 
 // cpuOf returns the CPU time the processes spent, summed.

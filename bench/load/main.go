@@ -5,9 +5,9 @@
 // Assistant of `agentry serve` for a set time, then every transcript is
 // checked.
 //
-//	go run ./cmd/agentry serve --data /tmp/load &   # or: agentry serve …
+//	agentry serve --data /tmp/load --debug-addr 127.0.0.1:6060 &
 //	go run ./bench/load -url http://127.0.0.1:8787 -pid $! -data /tmp/load \
-//		-users 1000 -duration 5m
+//		-debug 127.0.0.1:6060 -users 1000 -duration 5m
 //
 // or, with the server in the generator's own process (a fresh SQLite
 // database in -data; RSS, CPU and goroutines are then the process's, the
@@ -41,7 +41,8 @@
 // errors by kind
 // (documented refusals apart: see docs/limits.md), the server's peak RSS
 // and CPU (from /proc/<pid> with -pid, or this process with -serve),
-// goroutines (-serve only: `agentry serve` exposes none), and the size of
+// goroutines (with -serve, or -debug pointing at `agentry serve
+// --debug-addr`, whose goroutine profile is read every 2 s), and the size of
 // the database (-data). Then it reads every instance's transcript (GET
 // …/get-messages, the drilled children's too) and checks that nothing was
 // lost or doubled: every message a user sent is there once, every answer a
@@ -106,6 +107,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.IntVar(&c.Group, "group", 4, "users per shared instance")
 	fs.StringVar(&c.Prefix, "prefix", "", "instance name prefix (default load-<unix time>)")
 	pids := fs.String("pid", "", "the server's process id, for its RSS and CPU (/proc/<pid>); comma-separated for a cluster's nodes (summed)")
+	debug := fs.String("debug", "", "the server's profile address (agentry serve --debug-addr), http://host:port, for its goroutines; comma-separated for a cluster's nodes (summed)")
 	fs.StringVar(&c.Data, "data", "", "the server's data folder, for the database size (with -serve: where it is created)")
 	fs.StringVar(&c.Token, "token", "", "bearer token for a server started with --auth-token")
 	fs.DurationVar(&c.TurnTimeout, "turn-timeout", 2*time.Minute, "longest wait for one turn, or a background run's answer")
@@ -124,6 +126,14 @@ func parseFlags(args []string) (Config, error) {
 	for _, u := range strings.Split(*urls, ",") {
 		if u = strings.TrimSpace(u); u != "" {
 			c.URLs = append(c.URLs, strings.TrimSuffix(u, "/"))
+		}
+	}
+	for _, d := range strings.Split(*debug, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			if !strings.Contains(d, "://") {
+				d = "http://" + d
+			}
+			c.Debug = append(c.Debug, strings.TrimSuffix(d, "/"))
 		}
 	}
 	for _, p := range strings.Split(*pids, ",") {

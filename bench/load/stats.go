@@ -118,7 +118,7 @@ type Report struct {
 	// Server figures; zero when unknown.
 	RSSPeak, RSSEnd int64
 	CPU             time.Duration
-	Goroutines      int // peak, -serve only
+	Goroutines      int // peak: -serve, or -debug
 	DBBytes         int64
 	Load            [2]string // /proc/loadavg before and after
 	Cores           int
@@ -192,9 +192,13 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintln(w, "  (-serve: RSS and CPU are the whole process, the generator's included)")
 	}
 	if r.Goroutines > 0 {
-		fmt.Fprintf(w, "goroutines: peak %d (generator's included)\n", r.Goroutines)
+		fmt.Fprintf(w, "goroutines: peak %d", r.Goroutines)
+		if c.Serve {
+			fmt.Fprint(w, " (the generator's included)")
+		}
+		fmt.Fprintln(w)
 	} else {
-		fmt.Fprintln(w, "goroutines: not exposed by the server")
+		fmt.Fprintln(w, "goroutines: unknown (give -debug, the address of agentry serve --debug-addr)")
 	}
 	if r.DBBytes > 0 {
 		fmt.Fprintf(w, "database: %.1f MiB\n", float64(r.DBBytes)/(1<<20))

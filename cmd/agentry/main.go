@@ -103,6 +103,7 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	delay := fs.Duration("delay", 50*time.Millisecond, "delay between the scripted model's streamed chunks (the simulated web search takes 40 times as long)")
 	allowOrigin := fs.String("allow-origin", "", "comma-separated browser origins besides the server's own that may open WebSockets (host patterns such as app.example.com or *.example.com; * allows every origin)")
 	token := fs.String("auth-token", "", "require this token on every agent route; the playground reads it from #token=… (default $"+tokenEnv+")")
+	debugAddr := fs.String("debug-addr", "", "serve Go's profiles (net/http/pprof, goroutines included) under /debug/pprof/ on this address, such as 127.0.0.1:6060; off by default")
 	var cl clusterFlags
 	cl.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -116,6 +117,13 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	}
 	if cl.postgres == "" {
 		cl.postgres = getenv(postgresEnv)
+	}
+	if *debugAddr != "" {
+		_, stop, err := startDebug(*debugAddr, slog.New(slog.NewTextHandler(logw, nil)))
+		if err != nil {
+			return fmt.Errorf("serve: --debug-addr: %w", err)
+		}
+		defer stop()
 	}
 	if cl.postgres != "" {
 		return serveCluster(ctx, cl, clusterServe{addr: *addr, idle: *idle, verbose: *verbose, delay: *delay,
