@@ -49,6 +49,8 @@ type Config struct {
 	// NPMShare of the users run npm-user.mjs from NPMDir under node.
 	NPMShare float64
 	NPMDir   string
+	// Stuck sockets join users' instances and never read.
+	Stuck int
 	// Seed seeds the users' choices.
 	Seed int64
 	// Verbose logs every error.
@@ -67,6 +69,8 @@ func (c *Config) validate() error {
 		return errors.New("-shared must be between 0 and 1")
 	case c.NPMShare < 0 || c.NPMShare > 1:
 		return errors.New("-npm-share must be between 0 and 1")
+	case c.Stuck < 0:
+		return errors.New("-stuck must not be negative")
 	case c.Group < 1:
 		return errors.New("-group must be at least 1")
 	case c.Serve && c.Data == "":

@@ -110,6 +110,16 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 			tr: agenttools.NewTracker(nil), wake: make(chan struct{}, 1)}
 	}
 
+	if cfg.Stuck > 0 {
+		if len(insts) == 0 {
+			return nil, fmt.Errorf("-stuck needs Go users to join")
+		}
+		st, err := openStuck(ctx, g, insts, cfg.Stuck)
+		if err != nil {
+			return nil, err
+		}
+		defer st.close()
+	}
 	rep := &Report{}
 	rep.Load[0] = loadavg()
 	smp := startSampler(cfg.PIDs, cfg.Serve, cfg.Debug, g.hc)

@@ -26,8 +26,9 @@ var (
 )
 
 // TestSmoke runs the generator against the demo served in this process
-// on a real SQLite file: every action of the mix, a shared instance, and,
-// when node and test/npm's packages are there, one npm user. It asserts
+// on a real SQLite file: every action of the mix, a shared instance, two
+// sockets that never read, and, when node and test/npm's packages are
+// there, one npm user. It asserts
 // correctness only (no error other than documented refusals, every
 // transcript whole), never timing: the machine may be busy.
 func TestSmoke(t *testing.T) {
@@ -50,7 +51,7 @@ func TestSmoke(t *testing.T) {
 	}
 	cfg := Config{Serve: true, Data: t.TempDir(), Delay: 5 * time.Millisecond, Users: *smokeUsers, Duration: *smokeDuration,
 		Mix: mix, Think: 100 * time.Millisecond, Shared: 0.4, Group: 2, TurnTimeout: 2 * time.Minute,
-		NPMShare: npmShare, NPMDir: npmDir, Seed: 1}
+		NPMShare: npmShare, NPMDir: npmDir, Stuck: 2, Seed: 1}
 	var logs bytes.Buffer
 	rep, err := Run(context.Background(), cfg, &logs)
 	if err != nil {

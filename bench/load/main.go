@@ -49,6 +49,10 @@
 // user received is there once, every user message is followed by exactly
 // one answer, and no message id or tool call id appears twice.
 //
+// With -stuck N, N more sockets join the first users' instances and never
+// read: compare the users' figures with and without them (a client that
+// does not read must not slow the others).
+//
 // With -npm-share, that share of the users are the real npm clients
 // (agents' AgentClient with @cloudflare/ai-chat's transport and the AI
 // SDK's chat, run by npm-user.mjs in test/npm under node): they run the
@@ -113,6 +117,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.DurationVar(&c.TurnTimeout, "turn-timeout", 2*time.Minute, "longest wait for one turn, or a background run's answer")
 	fs.Float64Var(&c.NPMShare, "npm-share", 0, "share of the users driven by the real npm clients (node test/npm/npm-user.mjs)")
 	fs.StringVar(&c.NPMDir, "npm-dir", "test/npm", "folder with npm-user.mjs and its node_modules")
+	fs.IntVar(&c.Stuck, "stuck", 0, "sockets that join the first users' instances and never read (compare the users' p99 with and without)")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the users' choices")
 	fs.BoolVar(&c.Verbose, "v", false, "log every error as it happens")
 	if err := fs.Parse(args); err != nil {

@@ -165,8 +165,8 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float
 // Print writes the report for people.
 func (r *Report) Print(w io.Writer) {
 	c := r.Config
-	fmt.Fprintf(w, "load: %d users (%d npm) for %s, mix %s, think %s, shared %.2f×%d, %d cores\n",
-		c.Users, r.NPMUsers, c.Duration, c.Mix, c.Think, c.Shared, c.Group, r.Cores)
+	fmt.Fprintf(w, "load: %d users (%d npm) for %s, mix %s, think %s, shared %.2f×%d, %d sockets that never read, %d cores\n",
+		c.Users, r.NPMUsers, c.Duration, c.Mix, c.Think, c.Shared, c.Group, c.Stuck, r.Cores)
 	fmt.Fprintf(w, "load average before: %s\nload average after:  %s\n", r.Load[0], r.Load[1])
 	secs := r.Elapsed.Seconds()
 	win := c.Duration.Seconds()
