@@ -18,6 +18,9 @@ type Config struct {
 	Serve bool
 	// Delay is the in-process demo's scripted-model delay.
 	Delay time.Duration
+	// MaxTurns is the in-process demo's chat.Config.MaxTurnsInFlight
+	// (zero: the default).
+	MaxTurns int
 	// Users is the number of concurrent users.
 	Users int
 	// Duration is how long users start new actions; actions in flight

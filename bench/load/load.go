@@ -35,19 +35,25 @@ type gen struct {
 // one (docs/limits.md): an upgrade refused with 503 (connection limit), a
 // socket closed with 1013 (instance or send-queue limits), a chat request
 // refused because too many are queued or too many turns are in flight.
-func (g *gen) failure(kind string, err error) {
+// It reports whether err was a refusal of a chat request (whose message
+// the server did not store).
+func (g *gen) failure(kind string, err error) (refusedRequest bool) {
 	var he *client.HTTPError
 	var ce *client.CloseError
-	var te *client.TurnError
+	// The refusals of a chat request are told by their text: a Go user
+	// gets a *client.TurnError, an npm user the chat's error.
+	msg := err.Error()
 	switch {
 	case errors.As(err, &he) && (he.StatusCode == http.StatusServiceUnavailable || he.StatusCode == http.StatusTooManyRequests):
 		g.rec.refuse("upgrade-"+strconv.Itoa(he.StatusCode), err)
 	case errors.As(err, &ce) && ce.Code == 1013:
 		g.rec.refuse("close-1013", err)
-	case errors.As(err, &te) && strings.Contains(te.Message, "too many chat requests"):
+	case strings.Contains(msg, "too many chat requests are queued"):
 		g.rec.refuse("chat-queue-full", err)
-	case errors.As(err, &te) && strings.Contains(te.Message, "too many chat turns are in flight"):
+		return true
+	case strings.Contains(msg, "too many chat turns are in flight"):
 		g.rec.refuse("turns-in-flight", err)
+		return true
 	case errors.As(err, &ce):
 		g.rec.fail(fmt.Sprintf("%s: closed %d", kind, ce.Code), err)
 	case errors.Is(err, context.DeadlineExceeded):
@@ -55,6 +61,7 @@ func (g *gen) failure(kind string, err error) {
 	default:
 		g.rec.fail(kind, err)
 	}
+	return false
 }
 
 // Run runs the load described by cfg and checks the transcripts. Progress
@@ -67,7 +74,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	}
 	logger := log.New(logw, "load: ", log.Ltime)
 	if cfg.Serve {
-		srv, err := serveDemo(ctx, cfg.Data, cfg.Delay)
+		srv, err := serveDemo(ctx, cfg.Data, cfg.Delay, cfg.MaxTurns)
 		if err != nil {
 			return nil, err
 		}

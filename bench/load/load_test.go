@@ -155,3 +155,36 @@ func TestFailureKinds(t *testing.T) {
 		t.Error("a report with errors is OK")
 	}
 }
+
+// TestRefusals runs users against a node that takes one chat turn at a
+// time (a research turn and its child are two): requests are refused with
+// the documented error, and the generator counts them apart, forgets the
+// refused messages (the server stored none) and still finds every
+// transcript whole.
+func TestRefusals(t *testing.T) {
+	mix, err := ParseMix("research=1,fanout=1,reconnect=1,drill=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Serve: true, Data: t.TempDir(), Delay: 5 * time.Millisecond, MaxTurns: 1, Users: 4, Duration: 3 * time.Second,
+		Mix: mix, Think: 20 * time.Millisecond, Shared: 0.5, Group: 2, TurnTimeout: 2 * time.Minute, Seed: 1}
+	var logs bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &logs)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, logs.String())
+	}
+	var out bytes.Buffer
+	rep.Print(&out)
+	t.Log("\n" + out.String())
+	if len(rep.Errors) > 0 {
+		t.Errorf("errors: %v\n%v", rep.Errors, rep.Samples)
+	}
+	if !rep.Check.OK() {
+		t.Errorf("transcript check: %v", rep.Check.Problems)
+	}
+	// Four users 20 ms apart between actions overlap within 3 s: a
+	// turn's search alone takes 200 ms.
+	if rep.Refusals["turns-in-flight"] == 0 {
+		t.Errorf("no request refused: %v", rep.Refusals)
+	}
+}

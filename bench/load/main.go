@@ -102,6 +102,7 @@ func parseFlags(args []string) (Config, error) {
 	urls := fs.String("url", "http://127.0.0.1:8787", "base URL of the server, or comma-separated URLs of a cluster's nodes (users are dealt to them in turn; ignored with -serve)")
 	fs.BoolVar(&c.Serve, "serve", false, "serve the demo in this process on a fresh SQLite database in -data")
 	fs.DurationVar(&c.Delay, "delay", 50*time.Millisecond, "with -serve: the scripted model's delay between chunks (as agentry serve --delay)")
+	fs.IntVar(&c.MaxTurns, "max-turns", 0, "with -serve: chat turns in flight before clients' requests are refused (as agentry serve --max-turns; 0: the default)")
 	fs.IntVar(&c.Users, "users", 10, "concurrent users")
 	fs.DurationVar(&c.Duration, "duration", 30*time.Second, "how long users start new actions")
 	fs.DurationVar(&c.Ramp, "ramp", 0, "spread the users' first connections over this long (0: min(duration/4, users×10ms))")

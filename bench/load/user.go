@@ -71,6 +71,10 @@ type user struct {
 	// mine are the children of this user's finished runs, for drill-ins.
 	mine []agenttools.SubAgent
 	n    int // actions done, for topics
+	// unsend forgets the message the current action sent (under
+	// inst.mu), when the server refused it: a refused request is not
+	// stored.
+	unsend func()
 }
 
 func (u *user) onFrame(f client.Frame) {
@@ -137,6 +141,7 @@ func (u *user) do(ctx context.Context, a string) {
 	topic := fmt.Sprintf("topic %d of user %d", u.n, u.id)
 	var err error
 	var kind string
+	u.unsend = nil
 	switch a {
 	case ActResearch:
 		kind, err = u.foreground(ctx, "research "+topic, 1, false)
@@ -154,8 +159,12 @@ func (u *user) do(ctx context.Context, a string) {
 		kind, err = u.drill(ctx, u.mine[u.rng.IntN(len(u.mine))])
 	}
 	if err != nil {
-		u.g.failure(kind, err)
-		// Start over on a fresh connection: the old one may be broken.
+		if u.g.failure(kind, err) && u.unsend != nil {
+			u.inst.record(u.unsend)
+		}
+		// Start over on a fresh connection: the old one may be broken,
+		// and its chat holds the refused message, which the server does
+		// not (a chat request carries the whole transcript).
 		u.close()
 	}
 }
@@ -226,9 +235,14 @@ func (u *user) foreground(ctx context.Context, text string, runs int, reconnect 
 		return "send", err
 	}
 	u.inst.record(func() { u.inst.sent = append(u.inst.sent, id) })
+	u.unsend = func() { u.inst.sent = without(u.inst.sent, id) }
 	first, content, err := firstChunks(tctx, s, start)
 	if err != nil {
 		return "stream", err
+	}
+	if _, ended := s.Result(); ended {
+		// Refused, or over before it streamed: nothing to resume.
+		reconnect = false
 	}
 	if reconnect {
 		u.close()
@@ -340,6 +354,7 @@ func (u *user) background(ctx context.Context, topic string) (string, error) {
 		return "send", err
 	}
 	u.inst.record(func() { u.inst.sent = append(u.inst.sent, id) })
+	u.unsend = func() { u.inst.sent = without(u.inst.sent, id) }
 	first, content, err := firstChunks(tctx, s, start)
 	if err != nil {
 		return "stream", err
@@ -418,6 +433,7 @@ func (u *user) drill(ctx context.Context, sa agenttools.SubAgent) (string, error
 		u.inst.children[sa.Name] = cr
 	}
 	cr.sent = append(cr.sent, id)
+	u.unsend = func() { cr.sent = without(cr.sent, id) }
 	u.inst.mu.Unlock()
 	first, content, err := firstChunks(tctx, s, start)
 	if err != nil {
@@ -468,6 +484,17 @@ func turnKind(err error) string {
 		return "turn-error"
 	}
 	return "stream"
+}
+
+// without returns ids without id.
+func without(ids []string, id string) []string {
+	out := ids[:0:0]
+	for _, x := range ids {
+		if x != id {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 func indexOf(ms []message.Message, id string) int {

@@ -66,7 +66,7 @@ async function openTab() {
   agent.addEventListener("message", (e) => {
     if (typeof e.data !== "string") return;
     const d = JSON.parse(e.data);
-    if (d.type === "cf_agent_use_chat_response" && d.body) {
+    if (d.type === "cf_agent_use_chat_response" && d.body && !d.error) {
       responses.push(d);
       onResponse(d);
     }
@@ -93,8 +93,9 @@ async function turn(action) {
   const firstChunk = new Promise((r) => { gotFirst = r; });
   tab.setOnResponse(() => { if (!first) { first = Date.now() - start; gotFirst(); } });
   let sending = tab.chat.sendMessage({ text });
-  if (action === "reconnect") {
-    await timeout(firstChunk, "the first chunk");
+  // A turn that ends (or is refused) before its first chunk is not resumed.
+  const chunked = await timeout(Promise.race([firstChunk.then(() => true), sending.then(() => false)]), "the first chunk");
+  if (action === "reconnect" && chunked) {
     const old = tab;
     tab = await openTab();
     old.agent.close();
@@ -107,6 +108,7 @@ async function turn(action) {
   }
   await timeout(sending, "the turn");
   if (tab.chat.status !== "ready") throw Object.assign(new Error("chat status " + tab.chat.status + ": " + tab.chat.error?.message), { kind: "turn-error" });
+  if (action === "reconnect" && !chunked) out({ note: "the turn ended before its first chunk: not resumed" });
   const ms = tab.chat.messages;
   const ui = ms.findIndex((m) => m.role === "user" && textOf(m) === text);
   const user = ms[ui];
