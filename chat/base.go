@@ -132,6 +132,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 	for _, row := range unfinished {
 		t := c.newTurn(row, nil)
 		t.recovering = row.Status == statusStreaming
+		t.slot.take(turnSlotsOf(rt))
 		c.queue = append(c.queue, t)
 	}
 	// The worker starts in LayerStarted, once every layer of the agent is
@@ -403,6 +404,23 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 		c.mu.Unlock()
 		return "", ErrTooManyQueued
 	}
+	// Every accepted turn holds a slot of the runtime's count; only a
+	// client's request is refused when they are taken.
+	slots := turnSlotsOf(c.rt)
+	limit := 0
+	if req.limited {
+		limit = c.cfg.MaxTurnsInFlight
+	}
+	if !slots.reserve(limit) {
+		c.mu.Unlock()
+		return "", ErrTooManyTurns
+	}
+	reserved := true
+	defer func() {
+		if reserved {
+			slots.release()
+		}
+	}()
 	msgs := req.replace
 	if msgs == nil {
 		msgs = append(append([]message.Message(nil), c.msgs...), req.append...)
@@ -505,6 +523,8 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	}
 	c.msgs = msgs
 	t := c.newTurn(row, req.origin)
+	t.slot.adopt(slots)
+	reserved = false
 	if id, ok := agent.IdentityFrom(ctx); ok {
 		// The turn's code (handler, tools, the child runs they start)
 		// runs for the caller who submitted it; not persisted.
@@ -592,6 +612,9 @@ func (c *core) work(ctx context.Context) {
 				// Shutting down: the queued turns stay stored and run
 				// after the restart, not in this process.
 				c.dequeued(c.queue...)
+				for _, t := range c.queue {
+					t.slot.release()
+				}
 			}
 			c.working = false
 			release := c.release
@@ -616,6 +639,7 @@ func (c *core) work(ctx context.Context) {
 		c.mu.Unlock()
 
 		res := c.run(ctx, t)
+		t.slot.release()
 
 		c.mu.Lock()
 		c.active, c.current = nil, nil

@@ -115,6 +115,13 @@ type Config struct {
 	// response; turns submitted from Go, such as agent-tool notices, are
 	// never refused). Zero means 16; negative means no limit.
 	MaxQueuedRequests int
+	// MaxTurnsInFlight is how many chat turns (every instance's: running
+	// or queued, clients' requests, agent-tool children and notices alike)
+	// may be in flight on this runtime, the node, before a client's
+	// further chat requests are refused (with an error response; turns
+	// submitted from Go are never refused, and count). Zero means
+	// DefaultMaxTurnsInFlight; negative means no limit.
+	MaxTurnsInFlight int
 	// Recovery holds the runtime's recovery budgets of interrupted turns
 	// (zero fields: the defaults); a class's RecoveryBudgets override
 	// them field by field.
@@ -144,6 +151,9 @@ func Configure(rt *agent.Runtime, cfg Config) error {
 	}
 	if cfg.MaxQueuedRequests == 0 {
 		cfg.MaxQueuedRequests = DefaultMaxQueuedRequests
+	}
+	if cfg.MaxTurnsInFlight == 0 {
+		cfg.MaxTurnsInFlight = DefaultMaxTurnsInFlight
 	}
 	rt.SetValue(configKey{}, cfg)
 	if _, done := rt.Value(checksKey{}).(bool); done {
@@ -208,7 +218,7 @@ func configOf(rt *agent.Runtime) Config {
 		return c
 	}
 	return Config{Retention: 10 * time.Minute, FlushInterval: defaultFlushInterval, FlushChunks: 64,
-		MaxQueuedRequests: DefaultMaxQueuedRequests}
+		MaxQueuedRequests: DefaultMaxQueuedRequests, MaxTurnsInFlight: DefaultMaxTurnsInFlight}
 }
 
 // DefaultMaxQueuedRequests is Config.MaxQueuedRequests's default.

@@ -177,6 +177,9 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 		// A re-sent request whose turn ran already: the client gets that
 		// turn's stream, as a resume would give it, and nothing runs again.
 		c.onResumeAck(ctx, conn, f.ID)
+	case errors.Is(err, ErrTooManyTurns):
+		fail(fmt.Sprintf("too many chat turns are in flight on this server (the limit is %d); send it again later",
+			c.cfg.MaxTurnsInFlight))
 	case errors.Is(err, ErrTooManyQueued):
 		fail(fmt.Sprintf("too many chat requests are queued on this agent (the limit is %d); send it again when a turn has ended",
 			c.cfg.MaxQueuedRequests))
@@ -283,6 +286,9 @@ func (c *core) clear(ctx context.Context, from *agent.Conn) error {
 	queued := c.queue
 	c.queue = nil
 	c.dequeued(queued...)
+	for _, t := range queued {
+		t.slot.release()
+	}
 	c.msgs = nil
 	clear(c.pending)
 	clear(c.awaiting)

@@ -32,6 +32,7 @@ type turn struct {
 	span       trace.Span // the turn's span, from acceptance to end
 	began      time.Time  // when it was accepted (runtime clock)
 	inQueue    bool       // counted in the queue-depth gauge (guarded by core.mu)
+	slot       turnSlot   // its place in the runtime's count of turns in flight
 
 	// Guarded by c.mu: the stream as clients see it. chunks are the
 	// committed chunks (the output gate: only those reach clients);
@@ -111,6 +112,7 @@ func (c *core) cancel(id string, cause error) bool {
 		if t.row.ID == id {
 			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
 			c.dequeued(t)
+			t.slot.release()
 			// Still waitable until its end is recorded.
 			c.ending[id] = true
 			c.mu.Unlock()
@@ -958,6 +960,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		}
 		c.broadcastTranscript(exclude)
 	}
+	// The turn leaves the runtime's count before its terminal frame: a
+	// client that waits for its turn's end is not refused for its slot.
+	t.slot.release()
 	// Every turn ends with its terminal frame, also one that a clear
 	// overtook: the clients' streams (and their status) end with it.
 	if outcome == OutcomeError {

@@ -43,6 +43,7 @@ type clusterServe struct {
 	origins []string
 	mcp     []mcpclient.Server
 	token   string
+	turns   int
 }
 
 // serveCluster is serve as one node of a cluster on PostgreSQL.
@@ -61,7 +62,7 @@ func serveCluster(ctx context.Context, cl clusterFlags, o clusterServe, logw io.
 	}
 	defer ln.Close()
 	build := func(ctx context.Context, db store.DB, place agent.Placement, remote agenttool.Remote) (clusterserve.App, error) {
-		d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: o.idle, Delay: o.delay,
+		d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: o.idle, Delay: o.delay, MaxTurnsInFlight: o.turns,
 			OriginPatterns: o.origins, AuthToken: o.token, Placement: place, Remote: remote, MCPServers: o.mcp, MCPStderr: logw})
 		if err != nil {
 			return clusterserve.App{}, err

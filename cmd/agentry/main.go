@@ -103,6 +103,8 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	delay := fs.Duration("delay", 50*time.Millisecond, "delay between the scripted model's streamed chunks (the simulated web search takes 40 times as long)")
 	allowOrigin := fs.String("allow-origin", "", "comma-separated browser origins besides the server's own that may open WebSockets (host patterns such as app.example.com or *.example.com; * allows every origin)")
 	token := fs.String("auth-token", "", "require this token on every agent route; the playground reads it from #token=… (default $"+tokenEnv+")")
+	maxTurns := fs.Int("max-turns", 0, "chat turns in flight on this node (every instance's) before clients' chat requests are refused; 0 means the default (10000), negative no limit")
+	debugAddr := fs.String("debug-addr", "", "serve Go's profiles (net/http/pprof, goroutines included) under /debug/pprof/ on this address, such as 127.0.0.1:6060; off by default")
 	var cl clusterFlags
 	cl.register(fs)
 	// --mcp is taken out before parsing (its command runs to the next
@@ -126,9 +128,16 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 	if cl.postgres == "" {
 		cl.postgres = getenv(postgresEnv)
 	}
+	if *debugAddr != "" {
+		_, stop, err := startDebug(*debugAddr, slog.New(slog.NewTextHandler(logw, nil)))
+		if err != nil {
+			return fmt.Errorf("serve: --debug-addr: %w", err)
+		}
+		defer stop()
+	}
 	if cl.postgres != "" {
 		return serveCluster(ctx, cl, clusterServe{addr: *addr, idle: *idle, verbose: *verbose, delay: *delay,
-			origins: splitList(*allowOrigin), token: *token, mcp: mcpServers}, logw, listening)
+			origins: splitList(*allowOrigin), token: *token, mcp: mcpServers, turns: *maxTurns}, logw, listening)
 	}
 	if cl.nodeID != "" || cl.advertise != "" {
 		return errors.New("serve: --node-id and --advertise need --postgres (or $" + postgresEnv + ")")
@@ -158,7 +167,7 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 		return err
 	}
 	defer db.Close()
-	d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay,
+	d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay, MaxTurnsInFlight: *maxTurns,
 		OriginPatterns: splitList(*allowOrigin), AuthToken: *token, TracerProvider: tel.Tracer, MeterProvider: tel.Meter,
 		MCPServers: mcpServers, MCPStderr: logw})
 	if err != nil {

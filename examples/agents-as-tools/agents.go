@@ -82,6 +82,9 @@ type PlanInput struct {
 type CompareInput struct {
 	A string `json:"a" jsonschema:"the first thing to compare"`
 	B string `json:"b" jsonschema:"the second thing to compare"`
+	// C is an optional third thing ("compare A, B and C"): a fan-out of
+	// three Researchers.
+	C string `json:"c,omitempty" jsonschema:"an optional third thing to compare"`
 }
 
 func minLength(field string, n int) func(*jsonschema.Schema) {
@@ -125,7 +128,7 @@ func (a *Assistant) helpers() []chat.Tool {
 		agenttool.AgentTool[PlanInput]("Planner", agenttool.ToolOptions{
 			Name: "plan", Description: "Plan a code change with a Planner helper.",
 			DisplayName: "Planner", Icon: "🗺️", Schema: minLength("description", 5)}),
-		chat.NewTool("compare", "Research two things side by side with two Researcher helpers.", a.compare),
+		chat.NewTool("compare", "Research two (or three) things side by side, one Researcher helper each.", a.compare),
 		chat.NewTool("research_background", "Research a topic in the background; the answer arrives later in the chat.", a.researchBackground).
 			WithSchema(minLength("query", 3)),
 		chat.NewTool("delete_helper_runs", "Delete every helper run and its child (asks the user first).", a.deleteHelperRuns).
@@ -153,14 +156,18 @@ type Settled struct {
 	Error   string           `json:"error,omitempty"`
 }
 
-// compare runs two Researchers in parallel under the tool call and returns
-// both results, whatever each one's outcome.
+// compare runs two Researchers (three when C is set) in parallel under the
+// tool call and returns every result, whatever each one's outcome.
 func (a *Assistant) compare(ctx context.Context, in CompareInput) (map[string]Settled, error) {
 	tc, _ := chat.ToolCallFromContext(ctx)
 	out := map[string]Settled{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for i, side := range []struct{ key, query string }{{"a", in.A}, {"b", in.B}} {
+	sides := []struct{ key, query string }{{"a", in.A}, {"b", in.B}}
+	if strings.TrimSpace(in.C) != "" {
+		sides = append(sides, struct{ key, query string }{"c", in.C})
+	}
+	for i, side := range sides {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -242,3 +242,30 @@ func TestTopic(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareThree fans out to three Researchers under one tool call for
+// "compare A, B and C".
+func TestCompareThree(t *testing.T) {
+	_, a := start(t)
+	got := say(t, a, "Compare HTTP/3, gRPC and WebSockets").Text()
+	if !strings.Contains(got, "Side A: HTTP/3") || !strings.Contains(got, "Side B: GRPC") || !strings.Contains(got, "Side C: WebSockets") {
+		t.Fatalf("compare answer %q", got)
+	}
+	runs, err := agenttool.ListAgentToolRuns(context.Background(), a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 3 {
+		t.Fatalf("%d runs, want 3", len(runs))
+	}
+	orders := map[int]bool{}
+	for _, r := range runs {
+		if r.Status != agenttool.StatusCompleted || r.ParentToolCallID == "" || r.ParentToolCallID != runs[0].ParentToolCallID {
+			t.Fatalf("run %+v", r)
+		}
+		orders[r.DisplayOrder] = true
+	}
+	if !orders[0] || !orders[1] || !orders[2] {
+		t.Fatalf("display orders %v", orders)
+	}
+}

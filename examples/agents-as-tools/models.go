@@ -51,6 +51,7 @@ func Offline(delay time.Duration, clock clockwork.Clock) *Models {
 }
 
 var (
+	compare3Re   = regexp.MustCompile(`(?i)compare\s+(.+?),\s*(.+?),?\s+and\s+(.+?)[.?!]*$`)
 	compareRe    = regexp.MustCompile(`(?i)compare\s+(.+?)\s+(?:and|with|to|vs\.?|versus)\s+(.+?)[.?!]*$`)
 	versusRe     = regexp.MustCompile(`(?i)^(.+?)\s+(?:vs\.?|versus)\s+(.+?)[.?!]*$`)
 	backgroundRe = regexp.MustCompile(`(?i)\b(background|don'?t wait|do not wait|no need to wait|later)\b`)
@@ -156,10 +157,10 @@ func assistantRules() []scripted.Rule {
 		{Name: "help", Match: isSmallTalk, Reply: func(*model.Request) scripted.Reply {
 			return scripted.Reply{scripted.Text(HelpText)}
 		}},
-		{Name: "compare", Match: func(req *model.Request) bool { _, _, ok := comparePair(scripted.LastUserText(req)); return ok },
+		{Name: "compare", Match: func(req *model.Request) bool { _, ok := compareSides(scripted.LastUserText(req)); return ok },
 			Reply: func(req *model.Request) scripted.Reply {
-				a, b, _ := comparePair(scripted.LastUserText(req))
-				return scripted.Reply{scripted.ToolCall("compare", CompareInput{A: a, B: b})}
+				in, _ := compareSides(scripted.LastUserText(req))
+				return scripted.Reply{scripted.ToolCall("compare", in)}
 			}},
 		{Name: "background", Match: func(req *model.Request) bool { return backgroundRe.MatchString(scripted.LastUserText(req)) },
 			Reply: func(req *model.Request) scripted.Reply {
@@ -200,6 +201,17 @@ func toolRequest(req *model.Request) (string, json.RawMessage, bool) {
 // demoTools are the Assistant's own tools, which answerFromResults knows.
 var demoTools = map[string]bool{"research": true, "plan": true, "compare": true, "research_background": true,
 	"delete_helper_runs": true, "get_local_time": true}
+
+// compareSides reads "compare A, B and C" (three sides), "compare A and
+// B" or "A vs B".
+func compareSides(s string) (CompareInput, bool) {
+	s = strings.TrimSpace(s)
+	if m := compare3Re.FindStringSubmatch(s); m != nil {
+		return CompareInput{A: strings.TrimSpace(m[1]), B: strings.TrimSpace(m[2]), C: strings.TrimSpace(m[3])}, true
+	}
+	a, b, ok := comparePair(s)
+	return CompareInput{A: a, B: b}, ok
+}
 
 func comparePair(s string) (string, string, bool) {
 	s = strings.TrimSpace(s)
@@ -266,7 +278,11 @@ func answerFromResults(results []model.Content) string {
 		}
 		var cmp map[string]Settled
 		if json.Unmarshal(r.Output, &cmp) == nil && len(cmp) > 0 && cmp["a"].Status != "" {
-			parts = append(parts, "Side A: "+settledText(cmp["a"])+" Side B: "+settledText(cmp["b"]))
+			text := "Side A: " + settledText(cmp["a"]) + " Side B: " + settledText(cmp["b"])
+			if c, ok := cmp["c"]; ok {
+				text += " Side C: " + settledText(c)
+			}
+			parts = append(parts, text)
 			continue
 		}
 		var d Dispatched

@@ -61,6 +61,9 @@ type Options struct {
 	// stay public: they hold no data, and the page asks for the token (or
 	// reads it from the URL fragment, #token=…) before it calls the API.
 	AuthToken string
+	// MaxTurnsInFlight bounds the chat turns in flight on this node
+	// (chat.Config.MaxTurnsInFlight); zero means the default.
+	MaxTurnsInFlight int
 	// TracerProvider and MeterProvider receive the runtime's spans and
 	// metrics (agent.Options); nil means the global ones.
 	TracerProvider trace.TracerProvider
@@ -119,7 +122,7 @@ func New(ctx context.Context, o Options) (*Demo, error) {
 	if err != nil {
 		return nil, err
 	}
-	chat.Configure(rt, chat.Config{})
+	chat.Configure(rt, chat.Config{MaxTurnsInFlight: o.MaxTurnsInFlight})
 	agenttool.Install(rt, agenttool.Options{Remote: o.Remote})
 	models, provider := o.Models, "custom"
 	if models == nil {
