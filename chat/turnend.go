@@ -45,20 +45,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	c.mu.Unlock()
 	pos, reorder := -1, false
 	if hasMsg {
-		for i := range msgs {
-			if msgs[i].ID == msg.ID { // a continuation's message
-				msgs[i], pos = msg, i
-			}
-		}
-		if pos < 0 {
-			pos = len(msgs)
-			if i := anchorIndex(msgs, t.row); i >= 0 && i < len(msgs)-1 {
-				// Later turns' questions were queued meanwhile: the answer
-				// goes right after its own question.
-				pos, reorder = i+1, true
-			}
-			msgs = slices.Insert(msgs, pos, msg)
-		}
+		msgs, pos, reorder = placeMessage(msgs, msg, t.row)
 	}
 	now := c.rt.Clock().Now()
 	cutoff := now.Add(-c.cfg.Retention).UnixMilli()
@@ -68,17 +55,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	// nothing (gone).
 	// A long backlog goes in batches first; the last one rides with the
 	// end.
-	for {
-		c.mu.Lock()
-		n := len(t.unflushed)
-		c.mu.Unlock()
-		if n <= c.cfg.FlushChunks {
-			break
-		}
-		if err := t.commit(ctx, nil); err != nil {
-			break
-		}
-	}
+	c.flushBacklog(ctx, t)
 	// With no turn queued behind it, the end also drops the wake flag (the
 	// statement is guarded: a turn accepted meanwhile keeps it).
 	c.mu.Lock()
@@ -135,37 +112,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		}
 		c.log.Error("chat: persist turn end", "stream", t.row.ID, "err", err)
 	}
-	c.mu.Lock()
-	if err == nil && !gone && idle {
-		c.wakeCleared, c.wakeClearedAt = true, accepts
-	}
-	if err == nil && !gone && c.gen == gen && len(t.chunks) <= lastChunks {
-		c.last, c.lastResult = t, res
-	}
-	stale := c.gen != gen || gone
-	if !stale {
-		c.msgs = msgs
-	}
-	if c.active == t {
-		// Ended: a probe from now on must not be offered this stream live.
-		c.active = nil
-	}
-	// A connection offered this stream and not yet acknowledging it gets
-	// no live end: its ack replays the stored stream, end included. Sent
-	// now, the end would reach it before the replay and close its stream
-	// empty.
-	var replaying []*agent.Conn
-	for conn, id := range c.pending {
-		if id == t.row.ID {
-			delete(c.pending, conn)
-			replaying = append(replaying, conn)
-		}
-	}
-	deferred := c.deferred
-	if c.active == nil {
-		c.deferred = false
-	}
-	c.mu.Unlock()
+	stale, deferred, replaying := c.settleEnd(t, res, msgs, gen, accepts, idle, gone, err)
 	if !stale || deferred {
 		exclude := t.origin
 		if t.row.Continuation || deferred {
@@ -182,6 +129,83 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		MessageIDs: t.row.MessageIDs, Continuation: t.row.Continuation}), replaying...)
 	c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
 	return res
+}
+
+// placeMessage puts the turn's message msg into the transcript msgs: in
+// place of a continuation's message, else after the turn's own question,
+// else at the end. reorder reports a message that does not go last.
+func placeMessage(msgs []message.Message, msg message.Message, row streamRow) (_ []message.Message, pos int, reorder bool) {
+	pos = -1
+	for i := range msgs {
+		if msgs[i].ID == msg.ID { // a continuation's message
+			msgs[i], pos = msg, i
+		}
+	}
+	if pos < 0 {
+		pos = len(msgs)
+		if i := anchorIndex(msgs, row); i >= 0 && i < len(msgs)-1 {
+			// Later turns' questions were queued meanwhile: the answer
+			// goes right after its own question.
+			pos, reorder = i+1, true
+		}
+		msgs = slices.Insert(msgs, pos, msg)
+	}
+	return msgs, pos, reorder
+}
+
+// flushBacklog commits a turn's waiting chunks in batches until at most
+// one batch waits (or a commit fails).
+func (c *core) flushBacklog(ctx context.Context, t *turn) {
+	for {
+		c.mu.Lock()
+		n := len(t.unflushed)
+		c.mu.Unlock()
+		if n <= c.cfg.FlushChunks {
+			break
+		}
+		if err := t.commit(ctx, nil); err != nil {
+			break
+		}
+	}
+}
+
+// settleEnd records in memory the end of a turn that was stored (err ==
+// nil and not gone) or not: the wake flag, the last turn, the transcript
+// (unless a clear made it stale), the active turn. It takes the
+// connections that replay the stream instead of getting its end live, and
+// reports whether a transcript broadcast was deferred to the turn's end.
+func (c *core) settleEnd(t *turn, res TurnResult, msgs []message.Message, gen, accepts int, idle, gone bool, err error) (stale, deferred bool, replaying []*agent.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil && !gone && idle {
+		c.wakeCleared, c.wakeClearedAt = true, accepts
+	}
+	if err == nil && !gone && c.gen == gen && len(t.chunks) <= lastChunks {
+		c.last, c.lastResult = t, res
+	}
+	stale = c.gen != gen || gone
+	if !stale {
+		c.msgs = msgs
+	}
+	if c.active == t {
+		// Ended: a probe from now on must not be offered this stream live.
+		c.active = nil
+	}
+	// A connection offered this stream and not yet acknowledging it gets
+	// no live end: its ack replays the stored stream, end included. Sent
+	// now, the end would reach it before the replay and close its stream
+	// empty.
+	for conn, id := range c.pending {
+		if id == t.row.ID {
+			delete(c.pending, conn)
+			replaying = append(replaying, conn)
+		}
+	}
+	deferred = c.deferred
+	if c.active == nil {
+		c.deferred = false
+	}
+	return stale, deferred, replaying
 }
 
 // lastChunks bounds the stream of a turn kept as the last one ended.
