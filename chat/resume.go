@@ -39,40 +39,8 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 			_ = b.Continue(*last)
 		}
 	}
-	finished, stepOpen := false, false
-	for _, sc := range chunks {
-		t.nextSeq = max(t.nextSeq, sc.Seq+1)
-		var ch message.Chunk
-		if json.Unmarshal([]byte(sc.Body), &ch) != nil || b.Apply(ch) != nil {
-			continue // clients skip it the same way
-		}
-		switch ch.Type {
-		case message.ChunkFinish:
-			finished = true
-		case message.ChunkStartStep:
-			stepOpen = true
-		case message.ChunkFinishStep:
-			stepOpen = false
-		}
-	}
-	c.mu.Lock()
-	t.chunks = chunks
-	t.loaded = true
-	t.kept = len(chunks)
-	if len(chunks) > 0 {
-		// A connection that probed while the turn was recovering gets its
-		// offer of the kept stream.
-		t.startedLocked()
-	}
-	// A follower that joined while the turn was active but not yet
-	// recovered has nothing yet: it gets the stored stream now (each
-	// follower skips what it already has).
-	for f := range c.follow[t.row.ID] {
-		for _, sc := range chunks {
-			f.fn(sc.Seq, sc.Body)
-		}
-	}
-	c.mu.Unlock()
+	finished, stepOpen := replayStored(t, b, chunks)
+	c.keepStored(t, chunks)
 	if len(chunks) > 0 {
 		t.builder = b
 	}
@@ -126,22 +94,7 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 	if continues {
 		cut = message.ContinuedMetadata
 	}
-	var closing []message.Chunk
-	for _, p := range text {
-		ch := message.TextEnd(p.ID)
-		ch.ProviderMetadata = cut
-		closing = append(closing, ch)
-	}
-	for _, p := range reasoning {
-		ch := message.ReasoningEnd(p.ID)
-		ch.ProviderMetadata = cut
-		closing = append(closing, ch)
-	}
-	for _, tc := range tools {
-		ch := message.ToolInputError(tc.ID, tc.Name, json.RawMessage(`{}`), errInterrupted)
-		ch.ProviderMetadata = message.InterruptedMetadata
-		closing = append(closing, ch)
-	}
+	closing := closeOpenParts(text, reasoning, tools, cut)
 	if stepOpen {
 		switch {
 		case continues:
@@ -183,6 +136,75 @@ func (c *core) prepareRecovery(ctx context.Context, t *turn, transcript []messag
 		t.hidden = len(t.builder.Message().Parts)
 	}
 	return policy, false, nil
+}
+
+// replayStored applies a turn's stored chunks to b (a chunk that does not
+// apply is skipped, as clients skip it) and moves the turn's next sequence
+// past them. It reports whether the stream finished and whether a step
+// was open at its end.
+func replayStored(t *turn, b *message.Builder, chunks []storedChunk) (finished, stepOpen bool) {
+	for _, sc := range chunks {
+		t.nextSeq = max(t.nextSeq, sc.Seq+1)
+		var ch message.Chunk
+		if json.Unmarshal([]byte(sc.Body), &ch) != nil || b.Apply(ch) != nil {
+			continue // clients skip it the same way
+		}
+		switch ch.Type {
+		case message.ChunkFinish:
+			finished = true
+		case message.ChunkStartStep:
+			stepOpen = true
+		case message.ChunkFinishStep:
+			stepOpen = false
+		}
+	}
+	return finished, stepOpen
+}
+
+// keepStored makes a recovering turn's stored chunks its stream, offers
+// them to the connections that probed and sends them to its followers.
+func (c *core) keepStored(t *turn, chunks []storedChunk) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t.chunks = chunks
+	t.loaded = true
+	t.kept = len(chunks)
+	if len(chunks) > 0 {
+		// A connection that probed while the turn was recovering gets its
+		// offer of the kept stream.
+		t.startedLocked()
+	}
+	// A follower that joined while the turn was active but not yet
+	// recovered has nothing yet: it gets the stored stream now (each
+	// follower skips what it already has).
+	for f := range c.follow[t.row.ID] {
+		for _, sc := range chunks {
+			f.fn(sc.Seq, sc.Body)
+		}
+	}
+}
+
+// closeOpenParts returns the chunks that close what an interruption left
+// open: text and reasoning parts end marked cut, a tool call whose input
+// was streaming ends with an input error.
+func closeOpenParts(text, reasoning []message.OpenPart, tools []message.OpenToolCall, cut json.RawMessage) []message.Chunk {
+	var closing []message.Chunk
+	for _, p := range text {
+		ch := message.TextEnd(p.ID)
+		ch.ProviderMetadata = cut
+		closing = append(closing, ch)
+	}
+	for _, p := range reasoning {
+		ch := message.ReasoningEnd(p.ID)
+		ch.ProviderMetadata = cut
+		closing = append(closing, ch)
+	}
+	for _, tc := range tools {
+		ch := message.ToolInputError(tc.ID, tc.Name, json.RawMessage(`{}`), errInterrupted)
+		ch.ProviderMetadata = message.InterruptedMetadata
+		closing = append(closing, ch)
+	}
+	return closing
 }
 
 // modelContinues reports whether the declarative turn's model goes on
