@@ -487,13 +487,9 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	runCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	lr := &liveRun{cancel: cancel, done: make(chan struct{})}
-	h.mu.Lock()
-	if other, ok := h.live[row.RunID]; ok && other != ctx.Value(preKey{}) {
-		h.mu.Unlock()
+	if other, taken := h.claimLive(ctx, row.RunID, lr); taken {
 		return h.waitLive(ctx, other, row.RunID)
 	}
-	h.live[row.RunID] = lr
-	h.mu.Unlock()
 	defer func() {
 		h.mu.Lock()
 		delete(h.live, row.RunID)
@@ -501,61 +497,25 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 		close(lr.done)
 	}()
 	bg := context.WithoutCancel(ctx)
-	after := -1
+	f := &remoteFollow{h: h, bg: bg, row: row, child: child, streamID: streamID, after: -1}
 	if n := len(row.marks); n > 0 {
-		after = row.marks[n-1] - 1
+		f.after = row.marks[n-1] - 1
 	}
 	// The child's progress and milestones are chunks of its stream: the
 	// parent's OnProgress and milestone notices see them as they are
 	// forwarded, in stream order, each once per follower.
-	signals := h.newSignalDispatcher(row)
-	defer signals.close()
-	credit := h.progressCrediter(ctx, row)
-	defer credit.stop()
+	f.signals = h.newSignalDispatcher(row)
+	defer f.signals.close()
+	f.credit = h.progressCrediter(ctx, row)
+	defer f.credit.stop()
 	// The child's usage reports (chunks of its stream) go up to the
 	// parent's turn, and are held against the run's token budget, as on
 	// one node.
 	usage := newUsageWatch(row.TokenBudget)
+	f.usage = usage
 	stopUsage := usage.relay(ctx, row.RunID)
 	defer stopUsage()
-	forward := func() {
-		chunks, err := chat.StoredChunks(bg, h.rt.DB(), child, streamID, after)
-		if err != nil {
-			return
-		}
-		for _, c := range chunks {
-			credit.offer()
-			usage.offer(c.Body)
-			h.current().broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
-			signals.offer(c.Body)
-			after = c.Seq
-		}
-	}
-	// A run that waits for input goes on with a continuation turn, which
-	// the child records as the run's turn (its stream continues the run's
-	// sequence), and the child records what it waits for: the clients
-	// are told when it starts or stops waiting, as on one node.
-	var waiting []chat.WaitingCall
-	setWaiting := func(w []chat.WaitingCall) {
-		if (len(w) > 0) != (len(waiting) > 0) {
-			forward() // what came before the change
-			credit.offer()
-			// An unstored chunk: it reuses the next position.
-			h.current().broadcast(row.ParentToolCallID, eventSeq(after+1, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(after+1, w)})
-		}
-		waiting = w
-	}
-	follow := func(in *Inspection) {
-		if in.RequestID != "" && in.RequestID != streamID {
-			// Answered: the input was received, and the run goes on
-			// with the continuation.
-			setWaiting(nil)
-			forward() // the rest of the turn that ended waiting
-			streamID = in.RequestID
-			forward()
-		}
-		setWaiting(in.Waiting)
-	}
+	forward, follow := f.forward, f.follow
 	wake := h.remoteWake(child)
 	defer wake.close()
 	clock := h.rt.Clock()
@@ -573,7 +533,7 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 			in, err := h.remoteInspection(bg, child, row.RunID)
 			if err == nil && in != nil && in.CompletedAt != nil {
 				insp = in
-				if in.RequestID != "" && in.RequestID != streamID {
+				if in.RequestID != "" && in.RequestID != f.streamID {
 					follow(in) // answered, and ended before this poll
 				}
 				forward() // the chunks committed with the end
@@ -598,10 +558,10 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 				id, err := r.StartChild(runCtx, RemoteStart{ParentPath: h.b.Path(), Class: row.AgentType, RunID: row.RunID, Input: input})
 				if err != nil {
 					h.b.Logger().Error("agenttool: start remote child again", "run", row.RunID, "err", err)
-				} else if id != streamID {
+				} else if id != f.streamID {
 					// The turn the parent was told of never committed: the
 					// run is this one (its chunks are all new).
-					streamID, after = id, -1
+					f.streamID, f.after = id, -1
 				}
 				continue
 			case missing >= missingPolls && lim.noProgress > 0 && clock.Since(missingSince) >= lim.noProgress:
@@ -647,7 +607,17 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 	}
 	// Signals seen so far (milestone notices) are handled before the end
 	// is delivered, so a chat reads them in order.
-	signals.close()
+	f.signals.close()
+	res := h.remoteResult(ctx, runCtx, row, insp, ended, gaveUp, usage)
+	stopUsage()
+	res.Usage = usage.usage()
+	return h.finish(bg, row, res, f.after+1)
+}
+
+// remoteResult is the end of a remote run: the one decided without the
+// child's record (ended), else the child's record (insp), aborted when the
+// run was canceled, interrupted when the parent stopped it (gaveUp).
+func (h *host) remoteResult(ctx, runCtx context.Context, row runRow, insp *Inspection, ended *Result, gaveUp Reason, usage *usageWatch) Result {
 	var res Result
 	if ended != nil {
 		res = *ended
@@ -660,9 +630,69 @@ func (h *host) awaitRemote(ctx context.Context, row runRow, child agent.Path, st
 		res = Result{Status: StatusInterrupted, Error: usage.budgetError(), Reason: gaveUp, ChildStillRunning: ptr(false)}
 		h.publish(ctx, "recovery:gave-up", map[string]any{"runId": row.RunID, "agentType": row.AgentType, "reason": string(gaveUp)})
 	}
-	stopUsage()
-	res.Usage = usage.usage()
-	return h.finish(bg, row, res, after+1)
+	return res
+}
+
+// remoteFollow forwards a remote run's committed chunks to the parent's
+// clients: the run's turn (streamID) after the last chunk forwarded
+// (after).
+type remoteFollow struct {
+	h        *host
+	bg       context.Context
+	row      runRow
+	child    agent.Path
+	streamID string
+	after    int
+	waiting  []chat.WaitingCall
+	signals  *signalDispatcher
+	credit   *crediter
+	usage    *usageWatch
+}
+
+// forward sends the chunks committed since the last one forwarded.
+func (f *remoteFollow) forward() {
+	h, row := f.h, f.row
+	chunks, err := chat.StoredChunks(f.bg, h.rt.DB(), f.child, f.streamID, f.after)
+	if err != nil {
+		return
+	}
+	for _, c := range chunks {
+		f.credit.offer()
+		f.usage.offer(c.Body)
+		h.current().broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
+		f.signals.offer(c.Body)
+		f.after = c.Seq
+	}
+}
+
+// setWaiting records what the run waits for (w). A run that waits for
+// input goes on with a continuation turn, which the child records as the
+// run's turn (its stream continues the run's sequence), and the child
+// records what it waits for: the clients are told when it starts or stops
+// waiting, as on one node.
+func (f *remoteFollow) setWaiting(w []chat.WaitingCall) {
+	h, row := f.h, f.row
+	if (len(w) > 0) != (len(f.waiting) > 0) {
+		f.forward() // what came before the change
+		f.credit.offer()
+		// An unstored chunk: it reuses the next position.
+		h.current().broadcast(row.ParentToolCallID, eventSeq(f.after+1, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: waitingProgress(f.after+1, w)})
+	}
+	f.waiting = w
+}
+
+// follow follows the child's record of the run (in): to its continuation
+// turn once the input it waited for was answered, and what it waits for.
+func (f *remoteFollow) follow(in *Inspection) {
+	if in.RequestID != "" && in.RequestID != f.streamID {
+		// Answered: the input was received, and the run goes on
+		// with the continuation.
+		f.setWaiting(nil)
+		f.forward() // the rest of the turn that ended waiting
+		f.streamID = in.RequestID
+		f.forward()
+	}
+	f.setWaiting(in.Waiting)
 }
 
 // redispatchRemote is redispatch of an awaited run in flight whose child is
