@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/wire"
 )
 
 func rpcFrame(id, method string) []byte {
@@ -69,7 +70,7 @@ func TestCallsInFlightPerConnBounded(t *testing.T) {
 			t.Fatalf("refusal error %q", msg)
 		}
 	}
-	if f := tr.next(t); f["type"] != agent.FrameError || f["code"] != "unknown_type" {
+	if f := tr.next(t); f["type"] != wire.Error || f["code"] != "unknown_type" {
 		t.Fatalf("frame after the refusals = %v, want the later frame's error", f)
 	}
 	close(h.release)

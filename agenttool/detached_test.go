@@ -22,6 +22,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/wire"
 )
 
 // Detached runs (spec §5, groups E and F), adapted to our deliberate
@@ -498,11 +499,11 @@ func (w *detWS) frames() []agenttool.Frame {
 	defer w.mu.Unlock()
 	var out []agenttool.Frame
 	for _, r := range w.raw {
-		if !strings.Contains(r, `"type":"`+agenttool.FrameType+`"`) {
+		if !strings.Contains(r, `"type":"`+wire.AgentToolEvent+`"`) {
 			continue
 		}
 		var f agenttool.Frame
-		if json.Unmarshal([]byte(r), &f) == nil && f.Type == agenttool.FrameType {
+		if json.Unmarshal([]byte(r), &f) == nil && f.Type == wire.AgentToolEvent {
 			out = append(out, f)
 		}
 	}

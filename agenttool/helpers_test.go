@@ -23,6 +23,7 @@ import (
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 var pg pgtest.Cluster
@@ -402,7 +403,7 @@ func (w *wsClient) read() {
 		_ = json.Unmarshal(data, &head)
 		w.mu.Lock()
 		w.raw = append(w.raw, string(data))
-		if head.Type == agenttool.FrameType {
+		if head.Type == wire.AgentToolEvent {
 			var f agenttool.Frame
 			if err := json.Unmarshal(data, &f); err == nil {
 				w.frames = append(w.frames, f)

@@ -47,6 +47,7 @@ import (
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 const (
@@ -588,7 +589,7 @@ func recDial(t *testing.T, e *recEnv, class, name string) *recWS {
 				return
 			}
 			var f agenttool.Frame
-			if json.Unmarshal(data, &f) != nil || f.Type != agenttool.FrameType {
+			if json.Unmarshal(data, &f) != nil || f.Type != wire.AgentToolEvent {
 				continue
 			}
 			w.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // write applies a chunk to the message and sends it to the clients.
@@ -228,14 +229,14 @@ func (t *turn) publish(batch []storedChunk) {
 	}
 	for _, sc := range batch {
 		if sc.Live {
-			frame := encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: sc.Body, Continuation: t.row.Continuation})
+			frame := encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Continuation: t.row.Continuation})
 			for _, conn := range targets {
 				conn.SendRaw(frame)
 			}
 			continue
 		}
 		seq := sc.Seq
-		frame := encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
+		frame := encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
 		for _, conn := range targets {
 			conn.SendRaw(frame)
 		}
@@ -255,7 +256,7 @@ func (t *turn) startedLocked() {
 	}
 	c := t.c
 	t.started = true
-	offer := encode(probeFrame{Type: frameResuming, ID: t.row.ID})
+	offer := encode(wire.StreamFrame{Type: wire.StreamResuming, ID: t.row.ID})
 	for conn := range c.awaiting {
 		c.pending[conn] = t.row.ID
 		conn.SendRaw(offer)

@@ -8,6 +8,7 @@ import (
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // finishTurn persists the turn's end and tells the clients, in the order
@@ -123,9 +124,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	// Every turn ends with its terminal frame, also one that a clear
 	// overtook: the clients' streams (and their status) end with it.
 	if outcome == OutcomeError {
-		c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Body: errText, Error: true, Continuation: t.row.Continuation}), replaying...)
+		c.b.BroadcastRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: errText, Error: true, Continuation: t.row.Continuation}), replaying...)
 	}
-	c.b.BroadcastRaw(encode(responseFrame{Type: frameResponse, ID: t.row.ID, Done: true, Outcome: outcome,
+	c.b.BroadcastRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Done: true, Outcome: outcome,
 		MessageIDs: t.row.MessageIDs, Continuation: t.row.Continuation}), replaying...)
 	c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
 	return res
@@ -223,7 +224,7 @@ func (c *core) broadcastTranscript(exclude *agent.Conn) {
 		c.mu.Unlock()
 		return
 	}
-	frame := encode(messagesFrame{Type: frameMessages, Messages: nonNil(c.msgs)})
+	frame := encode(messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs)})
 	c.mu.Unlock()
 	if exclude != nil {
 		c.b.BroadcastRaw(frame, exclude)

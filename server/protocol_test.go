@@ -9,6 +9,7 @@ import (
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 func startCounter(t *testing.T) *testenv.Env {
@@ -57,7 +58,7 @@ func TestEarlyFrames(t *testing.T) {
 	id := c.call("increment", 1)
 	c.handshake()
 	f := c.next()
-	if f["type"] == agent.FrameState {
+	if f["type"] == wire.State {
 		f = c.next()
 	}
 	if f["type"] != "rpc" || f["id"] != id || f["result"] != 1.0 {

@@ -21,6 +21,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/wire"
 )
 
 // serverBin is test/recoverycrash/server, built once (with -race when the
@@ -95,7 +96,7 @@ type run struct {
 func runOf(fs []testenv.Frame[frame], known map[string]bool) run {
 	r := run{parts: map[string]bool{}}
 	for _, f := range fs {
-		if f.Value.Type != agenttool.FrameType {
+		if f.Value.Type != wire.AgentToolEvent {
 			continue
 		}
 		ev := f.Value.Event

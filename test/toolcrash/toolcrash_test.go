@@ -19,6 +19,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/wire"
 )
 
 // serverBin is test/toolcrash/server, built once (with -race when the tests
@@ -70,7 +71,7 @@ func (c *client) until(what, runID string, pred func([]agenttool.Frame) bool) []
 	_, err := c.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
 		fs = nil
 		for _, f := range all {
-			if f.Value.Type == agenttool.FrameType && (runID == "" || f.Value.Event.RunID == runID) {
+			if f.Value.Type == wire.AgentToolEvent && (runID == "" || f.Value.Event.RunID == runID) {
 				fs = append(fs, f.Value)
 			}
 		}
