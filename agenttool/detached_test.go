@@ -551,7 +551,7 @@ func (w *detWS) waitTranscript(ctx context.Context, what string, pred func([]mes
 				Type     string            `json:"type"`
 				Messages []message.Message `json:"messages"`
 			}
-			if json.Unmarshal([]byte(r), &f) == nil && f.Type == "cf_agent_chat_messages" && pred(f.Messages) {
+			if json.Unmarshal([]byte(r), &f) == nil && f.Type == wire.ChatMessages && pred(f.Messages) {
 				return f.Messages
 			}
 		}

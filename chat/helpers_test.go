@@ -24,6 +24,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 var pg pgtest.Cluster
@@ -409,7 +410,7 @@ func (b *flag) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-func (f wireFrame) isResponse() bool { return f.Type == "cf_agent_use_chat_response" }
+func (f wireFrame) isResponse() bool { return f.Type == wire.ChatResponse }
 
 // isContent reports whether f is a chunk frame (not control, error or
 // terminal).
@@ -515,7 +516,7 @@ func (c *wsClient) expect(typ string) wireFrame {
 // the transcript frame.
 func (c *wsClient) handshake() wireFrame {
 	c.t.Helper()
-	fs := c.until(func(f wireFrame) bool { return f.Type == "cf_agent_chat_messages" })
+	fs := c.until(func(f wireFrame) bool { return f.Type == wire.ChatMessages })
 	f := fs[len(fs)-1]
 	if !f.Connect {
 		c.t.Fatalf("first transcript frame %s lacks connect:true", f.raw)
@@ -543,16 +544,16 @@ func (c *wsClient) request(id string, msgs ...message.Message) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	c.send(map[string]any{"type": "cf_agent_use_chat_request", "id": id,
+	c.send(map[string]any{"type": wire.ChatRequest, "id": id,
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 }
 
 func (c *wsClient) probe(probeID string) {
-	c.send(map[string]any{"type": "cf_agent_stream_resume_request", "probeId": probeID})
+	c.send(map[string]any{"type": wire.StreamResumeRequest, "probeId": probeID})
 }
 
 func (c *wsClient) ack(id string) {
-	c.send(map[string]any{"type": "cf_agent_stream_resume_ack", "id": id})
+	c.send(map[string]any{"type": wire.StreamResumeAck, "id": id})
 }
 
 func isDone(id string) func(wireFrame) bool {

@@ -548,7 +548,7 @@ func BenchmarkAgentToolProgress(b *testing.B) {
 	e := startToolEnv(b, k)
 	ctx := context.Background()
 	p := getParent(b, e, "progress")
-	c, err := dialUntil(ctx, e.url("/agents/assistant/progress"), "cf_agent_mcp_servers")
+	c, err := dialUntil(ctx, e.url("/agents/assistant/progress"), wire.MCPServers)
 	if err != nil {
 		b.Fatal(err)
 	}

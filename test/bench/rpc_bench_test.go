@@ -15,6 +15,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // BenchmarkRPC measures RPC round trips over real WebSockets to the server
@@ -125,7 +126,7 @@ func dialRPC(ctx context.Context, url string) (*rpcClient, error) {
 			c.CloseNow()
 			return nil, err
 		}
-		if f.Type == "cf_agent_mcp_servers" {
+		if f.Type == wire.MCPServers {
 			return &rpcClient{c: c}, nil
 		}
 	}

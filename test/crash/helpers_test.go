@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 
 	_ "modernc.org/sqlite" // the test reads the server's database file directly
 )
@@ -108,18 +109,18 @@ func dial(t *testing.T, s *server, name string) (*client, int) {
 		frame
 		StateFollows bool `json:"stateFollows"`
 	}
-	if err := json.Unmarshal(id.raw, &head); err != nil || head.Type != "cf_agent_identity" || head.Name != name || head.Agent != "counter" {
+	if err := json.Unmarshal(id.raw, &head); err != nil || head.Type != wire.Identity || head.Name != name || head.Agent != "counter" {
 		t.Fatalf("first frame = %s; want cf_agent_identity of counter %q", id.raw, name)
 	}
 	count := -1
 	if head.StateFollows {
 		st := cl.read(ctx)
-		if st.Type != "cf_agent_state" {
+		if st.Type != wire.State {
 			t.Fatalf("frame after identity with stateFollows = %s; want cf_agent_state", st.raw)
 		}
 		count = countOf(t, st.State)
 	}
-	if mcp := cl.read(ctx); mcp.Type != "cf_agent_mcp_servers" {
+	if mcp := cl.read(ctx); mcp.Type != wire.MCPServers {
 		t.Fatalf("connect frame = %s; want cf_agent_mcp_servers", mcp.raw)
 	}
 	return cl, count
@@ -205,7 +206,7 @@ func (cl *client) waitCount(want int, timeout time.Duration) {
 		if err := json.Unmarshal(data, &f); err != nil {
 			cl.t.Fatalf("frame %s is not JSON: %v", data, err)
 		}
-		if f.Type != "cf_agent_state" {
+		if f.Type != wire.State {
 			continue
 		}
 		switch got := countOf(cl.t, f.State); {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // serverBin is test/detachedcrash/server, built once.
@@ -129,7 +130,7 @@ func (c *client) until(ctx context.Context, what string, cond func() bool) {
 func (c *client) chunks(runID string) int {
 	n := 0
 	for _, fr := range c.ws.Frames() {
-		if f := fr.Value; fr.Err == nil && f.Type == "agent-tool-event" && f.Event.RunID == runID && f.Event.Kind == "chunk" {
+		if f := fr.Value; fr.Err == nil && f.Type == wire.AgentToolEvent && f.Event.RunID == runID && f.Event.Kind == "chunk" {
 			n++
 		}
 	}

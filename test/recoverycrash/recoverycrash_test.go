@@ -137,7 +137,7 @@ func TestChildSealedAcrossKills(t *testing.T) {
 	})
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": []message.Message{{
 		ID: "u1", Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: "loop forever"}}}}})
-	c.ws.Send(map[string]any{"type": "cf_agent_use_chat_request", "id": "req-1",
+	c.ws.Send(map[string]any{"type": wire.ChatRequest, "id": "req-1",
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 
 	// Every life the child's turn streams at least two units (a text part

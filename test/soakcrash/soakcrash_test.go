@@ -70,6 +70,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // serverBin is test/soakcrash/server, built once (with -race when the tests
@@ -254,7 +255,7 @@ func (c *conn) pump(onTool func(data []byte)) {
 			return
 		}
 		switch f.Value.Type {
-		case "agent-tool-event":
+		case wire.AgentToolEvent:
 			onTool(f.Raw)
 		case "rpc":
 			if f.Value.Done != nil && !*f.Value.Done {

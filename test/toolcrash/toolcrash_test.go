@@ -237,7 +237,7 @@ func stepExecutions(t *testing.T, data, boss, runID string) (total int, distinct
 func chatRequest(c *client, text string) {
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": []message.Message{{
 		ID: "u1", Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: text}}}}})
-	c.send(map[string]any{"type": "cf_agent_use_chat_request", "id": "req-1",
+	c.send(map[string]any{"type": wire.ChatRequest, "id": "req-1",
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 }
 
