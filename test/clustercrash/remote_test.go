@@ -194,17 +194,9 @@ func TestRemoteDetachedRecoveryAfterParentRestart(t *testing.T) {
 	}
 }
 
-// frame is the part of a server frame the tests read.
-type frame struct {
-	Type     string          `json:"type"`
-	Sequence int64           `json:"sequence"`
-	Messages json.RawMessage `json:"messages"`
-	Event    struct {
-		Kind  string `json:"kind"`
-		RunID string `json:"runId"`
-		Body  string `json:"body"`
-	} `json:"event"`
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
 // signalOf names a chunk body that is progress ("p:<fraction>") or a
 // milestone ("m:<name>"), or returns "".

@@ -57,18 +57,9 @@ func (s *server) term() {
 	s.t.Logf("clean shutdown took %v", time.Since(start))
 }
 
-// frame is the part of a server frame the tests look at.
-type frame struct {
-	Type    string          `json:"type"`
-	Name    string          `json:"name"`
-	Agent   string          `json:"agent"`
-	State   json.RawMessage `json:"state"`
-	ID      string          `json:"id"`
-	Success bool            `json:"success"`
-	Result  json.RawMessage `json:"result"`
-	Done    *bool           `json:"done"`
-	Error   string          `json:"error"`
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
 type counterState struct {
 	Count *int `json:"count"`

@@ -37,19 +37,9 @@ func start(t *testing.T, data string) *testenv.Process {
 	return testenv.StartProcess(t, waitLimit, serverBin.Path(t), "--addr", "127.0.0.1:0", "--data", data, "--delay", "100ms")
 }
 
-// frame is what the test reads of a server frame.
-type frame struct {
-	Type     string          `json:"type"`
-	ID       string          `json:"id"`
-	Success  bool            `json:"success"`
-	Result   json.RawMessage `json:"result"`
-	Error    string          `json:"error"`
-	Sequence int64           `json:"sequence"`
-	Event    struct {
-		Kind  string `json:"kind"`
-		RunID string `json:"runId"`
-	} `json:"event"`
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
 // client is a WebSocket connection to the parent that records frames.
 type client struct {

@@ -215,16 +215,9 @@ func (s *soak) errorf(format string, args ...any) {
 // ---------------------------------------------------------------------------
 // Connections.
 
-// frame is what a connection decodes of every frame: the RPC fields (the
-// agent-tool ones are parsed by the reducer from the raw data).
-type frame struct {
-	Type    string          `json:"type"`
-	ID      string          `json:"id"`
-	Success bool            `json:"success"`
-	Result  json.RawMessage `json:"result"`
-	Error   string          `json:"error"`
-	Done    *bool           `json:"done"`
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
 // errGone is the error of an RPC whose connection ended first.
 var errGone = errors.New("connection gone")
