@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/goleak"
@@ -418,12 +417,11 @@ func (f wireFrame) isContent() bool {
 	return f.isResponse() && !f.Done && !bool(f.Error) && !f.ReplayComplete && f.Body != ""
 }
 
+// wsClient is a chat test's WebSocket connection (testenv.WSClient) that
+// takes the frames one by one.
 type wsClient struct {
-	t      *testing.T
-	c      *websocket.Conn
-	frames chan []byte
-	done   chan struct{}
-	err    error
+	t  *testing.T
+	ws *testenv.WSClient[wireFrame]
 	// all is every frame read so far, in order.
 	all []wireFrame
 }
@@ -435,56 +433,26 @@ func dial(t *testing.T, env *testenv.Env, path string) *wsClient {
 
 func dialURL(t *testing.T, url string) *wsClient {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, resp, err := websocket.Dial(ctx, url, nil)
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
-	if err != nil {
-		t.Fatalf("dial %s: %v", url, err)
-	}
-	c.SetReadLimit(1 << 24)
-	cl := &wsClient{t: t, c: c, frames: make(chan []byte, 1<<14), done: make(chan struct{})}
-	go func() {
-		defer close(cl.done)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				cl.err = err
-				return
-			}
-			cl.frames <- data
-		}
-	}()
-	t.Cleanup(cl.close)
-	return cl
+	return &wsClient{t: t, ws: testenv.DialWS[wireFrame](t, waitLimit, url)}
 }
 
-func (c *wsClient) close() {
-	c.c.CloseNow()
-	<-c.done
-}
+func (c *wsClient) close() { c.ws.Close() }
 
+// next returns the next frame; a connection that ends first, or no frame
+// within waitLimit, fails the test.
 func (c *wsClient) next() wireFrame {
 	c.t.Helper()
-	var data []byte
-	select {
-	case data = <-c.frames:
-	case <-c.done:
-		select {
-		case data = <-c.frames:
-		default:
-			c.t.Fatalf("connection closed while waiting for a frame: %v", c.err)
-		}
-	case <-time.After(waitLimit):
-		c.t.Fatal("timed out waiting for a frame")
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	fr, err := c.ws.Next(ctx)
+	if err != nil {
+		c.t.Fatalf("waiting for a frame: %v", err)
 	}
-	var f wireFrame
-	if err := json.Unmarshal(data, &f); err != nil {
-		c.t.Fatalf("frame %s: %v", data, err)
+	if fr.Err != nil {
+		c.t.Fatalf("frame %s: %v", fr.Raw, fr.Err)
 	}
-	f.raw = string(data)
+	f := fr.Value
+	f.raw = string(fr.Raw)
 	c.all = append(c.all, f)
 	return f
 }
@@ -526,15 +494,7 @@ func (c *wsClient) handshake() wireFrame {
 
 func (c *wsClient) send(v any) {
 	c.t.Helper()
-	data, err := json.Marshal(v)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	if err := c.c.Write(ctx, websocket.MessageText, data); err != nil {
-		c.t.Fatalf("write: %v", err)
-	}
+	c.ws.Send(v)
 }
 
 // request sends a cf_agent_use_chat_request carrying msgs.
