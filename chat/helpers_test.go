@@ -436,8 +436,6 @@ func dialURL(t *testing.T, url string) *wsClient {
 	return &wsClient{t: t, ws: testenv.DialWS[wireFrame](t, waitLimit, url)}
 }
 
-func (c *wsClient) close() { c.ws.Close() }
-
 // next returns the next frame; a connection that ends first, or no frame
 // within waitLimit, fails the test.
 func (c *wsClient) next() wireFrame {
