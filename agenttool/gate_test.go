@@ -97,7 +97,9 @@ func TestParentAnswersWhileAwaiting(t *testing.T) {
 
 // rawFrames returns every frame the client has received, as text.
 func (w *wsClient) rawFrames() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]string(nil), w.raw...)
+	var out []string
+	for _, f := range w.ws.Frames() {
+		out = append(out, string(f.Raw))
+	}
+	return out
 }
