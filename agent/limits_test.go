@@ -63,7 +63,7 @@ func TestCallsInFlightPerConnBounded(t *testing.T) {
 	conn.HandleFrame(ctx, []byte(`{"type":"later"}`))
 	for i := range extra {
 		f := tr.next(t)
-		if f["type"] != "rpc" || f["id"] != fmt.Sprintf("over-%d", i) || f["success"] != false {
+		if f["type"] != wire.RPC || f["id"] != fmt.Sprintf("over-%d", i) || f["success"] != false {
 			t.Fatalf("response %d = %v, want a refusal of over-%d", i, f, i)
 		}
 		if msg, _ := f["error"].(string); !strings.Contains(msg, "too many calls in flight") || !strings.Contains(msg, "4") {

@@ -172,7 +172,7 @@ func (c *client) call(method string, args ...any) string {
 	if args == nil {
 		args = []any{}
 	}
-	c.send(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	c.send(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
 	return id
 }
 
@@ -181,7 +181,7 @@ func (c *client) call(method string, args ...any) string {
 func (c *client) rpc(method string, args ...any) map[string]any {
 	c.t.Helper()
 	id := c.call(method, args...)
-	f := c.expectType("rpc")
+	f := c.expectType(wire.RPC)
 	if f["id"] != id {
 		c.t.Fatalf("rpc response %v, want id %s", f, id)
 	}

@@ -61,7 +61,7 @@ func TestEarlyFrames(t *testing.T) {
 	if f["type"] == wire.State {
 		f = c.next()
 	}
-	if f["type"] != "rpc" || f["id"] != id || f["result"] != 1.0 {
+	if f["type"] != wire.RPC || f["id"] != id || f["result"] != 1.0 {
 		t.Fatalf("early rpc answered %v", f)
 	}
 }

@@ -300,7 +300,7 @@ func TestSubAgentRoutes(t *testing.T) {
 	jsonEq(t, id, `{"type":"cf_agent_identity","name":"ok-x","agent":"counter"}`)
 	c.call("increment", 5)
 	c.expectType(wire.State)
-	if f := c.expectType("rpc"); f["result"] != 5.0 {
+	if f := c.expectType(wire.RPC); f["result"] != 5.0 {
 		t.Fatalf("child increment = %v", f)
 	}
 	if got, _ := env.RT.Call(ctx, parent, "get"); string(got) != "0" {

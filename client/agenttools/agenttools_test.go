@@ -326,7 +326,7 @@ func TestReducerRules(t *testing.T) {
 	})
 	t.Run("other frame types are ignored", func(t *testing.T) {
 		f := frame(0, started("r", 0))
-		f.Type = "rpc"
+		f.Type = wire.RPC
 		if s := agenttools.ApplyAt(agenttools.State{}, f, clock); len(s.RunsByID) != 0 {
 			t.Errorf("runs = %v", s.RunsByID)
 		}

@@ -148,7 +148,7 @@ func (c *rpcClient) call(ctx context.Context, method string, args []any) (json.R
 	if args == nil {
 		args = []any{}
 	}
-	req, err := json.Marshal(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	req, err := json.Marshal(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
 	if err != nil {
 		return nil, err
 	}
@@ -164,7 +164,7 @@ func (c *rpcClient) call(ctx context.Context, method string, args []any) (json.R
 		if err := json.Unmarshal(data, &r); err != nil {
 			return nil, err
 		}
-		if r.Type != "rpc" || r.ID != id {
+		if r.Type != wire.RPC || r.ID != id {
 			continue // a state broadcast
 		}
 		if !r.Success {

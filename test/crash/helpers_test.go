@@ -157,7 +157,7 @@ func (cl *client) call(method string, args ...any) json.RawMessage {
 	if args == nil {
 		args = []any{}
 	}
-	req, _ := json.Marshal(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	req, _ := json.Marshal(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := cl.c.Write(ctx, websocket.MessageText, req); err != nil {
@@ -165,7 +165,7 @@ func (cl *client) call(method string, args ...any) json.RawMessage {
 	}
 	for {
 		f := cl.read(ctx)
-		if f.Type != "rpc" || f.ID != id {
+		if f.Type != wire.RPC || f.ID != id {
 			continue
 		}
 		if !f.Success {

@@ -60,13 +60,13 @@ func (c *client) call(ctx context.Context, method string, out any) {
 	c.t.Helper()
 	c.nextID++
 	id := fmt.Sprint("call-", c.nextID)
-	if err := c.ws.SendContext(ctx, map[string]any{"type": "rpc", "id": id, "method": method, "args": []any{}}); err != nil {
+	if err := c.ws.SendContext(ctx, map[string]any{"type": wire.RPC, "id": id, "method": method, "args": []any{}}); err != nil {
 		c.t.Fatalf("rpc %s: %v", method, err)
 	}
 	var hit *frame
 	_, err := c.ws.Wait(ctx, func(fs []testenv.Frame[frame]) bool {
 		for i := range fs {
-			if f := fs[i].Value; fs[i].Err == nil && f.Type == "rpc" && f.ID == id {
+			if f := fs[i].Value; fs[i].Err == nil && f.Type == wire.RPC && f.ID == id {
 				hit = &f
 			}
 		}
@@ -87,7 +87,7 @@ func (c *client) call(ctx context.Context, method string, out any) {
 func events(fs []testenv.Frame[frame]) int {
 	n := 0
 	for _, f := range fs {
-		if f.Err == nil && f.Value.Type != "rpc" {
+		if f.Err == nil && f.Value.Type != wire.RPC {
 			n++
 		}
 	}

@@ -250,7 +250,7 @@ func (c *conn) pump(onTool func(data []byte)) {
 		switch f.Value.Type {
 		case wire.AgentToolEvent:
 			onTool(f.Raw)
-		case "rpc":
+		case wire.RPC:
 			if f.Value.Done != nil && !*f.Value.Done {
 				continue
 			}
@@ -276,7 +276,7 @@ func (c *conn) call(ctx context.Context, method string, args ...any) (json.RawMe
 	if args == nil {
 		args = []any{}
 	}
-	if err := c.ws.SendContext(ctx, map[string]any{"type": "rpc", "id": id, "method": method, "args": args}); err != nil {
+	if err := c.ws.SendContext(ctx, map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args}); err != nil {
 		return nil, errGone
 	}
 	var f frame

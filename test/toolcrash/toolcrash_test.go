@@ -86,7 +86,7 @@ func (c *client) until(what, runID string, pred func([]agenttool.Frame) bool) []
 // rpc calls a Boss method and returns its result.
 func (c *client) rpc(id, method string, args ...any) json.RawMessage {
 	c.t.Helper()
-	c.send(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	c.send(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
 	type answer struct {
@@ -101,7 +101,7 @@ func (c *client) rpc(id, method string, args ...any) json.RawMessage {
 	_, err := c.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
 		for _, r := range all {
 			var f answer
-			if json.Unmarshal(r.Raw, &f) == nil && f.Type == "rpc" && f.ID == id && (f.Done == nil || *f.Done) {
+			if json.Unmarshal(r.Raw, &f) == nil && f.Type == wire.RPC && f.ID == id && (f.Done == nil || *f.Done) {
 				hit = &f
 				return true
 			}
@@ -294,7 +294,7 @@ func TestRapidRestartsStableRunID(t *testing.T) {
 	data := t.TempDir()
 	s := serve(t, data)
 	c := dial(t, s, "r")
-	c.send(map[string]any{"type": "rpc", "id": "dispatch", "method": "dispatch", "args": []any{runID, "the long task"}})
+	c.send(map[string]any{"type": wire.RPC, "id": "dispatch", "method": "dispatch", "args": []any{runID, "the long task"}})
 	seen := 0
 	for i := range 3 {
 		// Let the child make progress in this life, then kill.
