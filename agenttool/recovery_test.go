@@ -599,11 +599,8 @@ func (w *recWS) until(runID string, done func(kind string) bool) []agenttool.Fra
 	return fs
 }
 
-// chunks returns how many chunks of run (distinct sequences, replayed or
-// live) the client has.
-func (w *recWS) chunks(runID string) int { return recChunks(toolFrames(w.ws.Frames()), runID) }
-
-// recChunks returns how many chunks of run (distinct sequences) fs has.
+// recChunks returns how many chunks of run (distinct sequences, replayed
+// or live) fs has.
 func recChunks(fs []agenttool.Frame, runID string) int {
 	seen := map[int64]bool{}
 	for _, f := range fs {
