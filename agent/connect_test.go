@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/wire"
 )
 
 // A connection made while the state changes gets the connect sequence
@@ -71,12 +72,12 @@ func TestConnectDuringStateChanges(t *testing.T) {
 		for _, f := range frames {
 			types = append(types, f["type"].(string))
 		}
-		if types[0] != agent.FrameIdentity || types[1] != agent.FrameState {
+		if types[0] != wire.Identity || types[1] != wire.State {
 			t.Errorf("conn %d: frames start %v, want identity then state", i, types[:2])
 		}
 		var last json.RawMessage
 		for _, f := range frames {
-			if f["type"] == agent.FrameState {
+			if f["type"] == wire.State {
 				last, _ = json.Marshal(f["state"])
 			}
 		}

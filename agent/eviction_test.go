@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/wire"
 )
 
 // An idle instance leaves memory once the idle timeout passed on the clock
@@ -166,7 +167,7 @@ func TestEvictionSparesConnectionsAndInFlightCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := tr2.next(t); f["type"] != agent.FrameIdentity || f["name"] != "connected" {
+	if f := tr2.next(t); f["type"] != wire.Identity || f["name"] != "connected" {
 		t.Fatalf("first frame after rehydration = %v", f)
 	}
 	if h.starts.Load() != 3 {

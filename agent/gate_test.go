@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // Gated exercises the input gate: read-modify-write state, waits with and
@@ -219,7 +220,7 @@ func TestGateConnectionOrder(t *testing.T) {
 	}
 	for done := 0; done < n; {
 		f := tr.next(t)
-		if f["type"] == "rpc" && f["done"] == true {
+		if f["type"] == wire.RPC && f["done"] == true {
 			done++
 		}
 	}

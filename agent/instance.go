@@ -11,6 +11,7 @@ import (
 
 	"github.com/agentry/agentry/diag"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // instance is the in-memory side of one agent instance.
@@ -292,7 +293,7 @@ func (in *instance) setState(ctx context.Context, state json.RawMessage, from *C
 	in.mu.Lock()
 	in.state = append(json.RawMessage(nil), state...)
 	in.mu.Unlock()
-	frame, _ := json.Marshal(stateFrame{Type: "cf_agent_state", State: state})
+	frame, _ := json.Marshal(wire.StateFrame{Type: wire.State, State: state})
 	in.broadcast(frame, from)
 	in.stateMu.Unlock()
 	locked = false

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/wire"
 )
 
 func rpcFrame(id, method string) []byte {
@@ -62,14 +63,14 @@ func TestCallsInFlightPerConnBounded(t *testing.T) {
 	conn.HandleFrame(ctx, []byte(`{"type":"later"}`))
 	for i := range extra {
 		f := tr.next(t)
-		if f["type"] != "rpc" || f["id"] != fmt.Sprintf("over-%d", i) || f["success"] != false {
+		if f["type"] != wire.RPC || f["id"] != fmt.Sprintf("over-%d", i) || f["success"] != false {
 			t.Fatalf("response %d = %v, want a refusal of over-%d", i, f, i)
 		}
 		if msg, _ := f["error"].(string); !strings.Contains(msg, "too many calls in flight") || !strings.Contains(msg, "4") {
 			t.Fatalf("refusal error %q", msg)
 		}
 	}
-	if f := tr.next(t); f["type"] != agent.FrameError || f["code"] != "unknown_type" {
+	if f := tr.next(t); f["type"] != wire.Error || f["code"] != "unknown_type" {
 		t.Fatalf("frame after the refusals = %v, want the later frame's error", f)
 	}
 	close(h.release)

@@ -15,47 +15,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/wire"
 )
-
-// Frame types of the Cloudflare Agents protocol handled by the runtime.
-const (
-	FrameIdentity   = "cf_agent_identity"
-	FrameState      = "cf_agent_state"
-	FrameStateError = "cf_agent_state_error"
-	FrameMCPServers = "cf_agent_mcp_servers"
-	FrameRPC        = "rpc"
-	// FrameError is Agentry's own frame for a client frame that could not
-	// be handled (malformed JSON, unknown type, too large). The npm clients
-	// ignore it; it is there for people and tests reading the wire.
-	FrameError = "agentry_error"
-)
-
-type identityFrame struct {
-	Type         string `json:"type"`
-	Name         string `json:"name"`
-	Agent        string `json:"agent"`
-	StateFollows bool   `json:"stateFollows,omitempty"`
-}
-
-type stateFrame struct {
-	Type  string          `json:"type"`
-	State json.RawMessage `json:"state"`
-}
-
-type stateErrorFrame struct {
-	Type  string `json:"type"`
-	Error string `json:"error"`
-}
-
-// ErrorFrame is the body of an agentry_error frame.
-type ErrorFrame struct {
-	Type  string `json:"type"`
-	Code  string `json:"code"`
-	Error string `json:"error"`
-}
 
 // emptyMCP is the MCP frame of an agent with no MCP servers.
-var emptyMCP = []byte(`{"type":"cf_agent_mcp_servers","mcp":{"servers":{},"tools":[],"prompts":[],"resources":[]}}`)
+var emptyMCP = []byte(`{"type":"` + wire.MCPServers + `","mcp":{"servers":{},"tools":[],"prompts":[],"resources":[]}}`)
 
 // Connect attaches a client connection to the instance at path: it hydrates
 // the instance, sends the connect frames (identity, state, MCP servers), lets
@@ -81,9 +45,9 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 	// Transport.Send does not block.
 	state := in.state
 	leaf := path.Leaf()
-	c.Send(identityFrame{Type: FrameIdentity, Name: leaf.Name, Agent: in.class.route, StateFollows: state != nil})
+	c.Send(wire.IdentityFrame{Type: wire.Identity, Name: leaf.Name, Agent: in.class.route, StateFollows: state != nil})
 	if state != nil {
-		c.Send(stateFrame{Type: FrameState, State: state})
+		c.Send(wire.StateFrame{Type: wire.State, State: state})
 	}
 	c.SendRaw(emptyMCP)
 	in.mu.Unlock()
@@ -142,7 +106,7 @@ func (c *Conn) Disconnect(code int, reason string) {
 
 // SendError sends an agentry_error frame.
 func (c *Conn) SendError(code, msg string) {
-	c.Send(ErrorFrame{Type: FrameError, Code: code, Error: msg})
+	c.Send(wire.ErrorFrame{Type: wire.Error, Code: code, Error: msg})
 }
 
 type frameHead struct {
@@ -169,10 +133,10 @@ func (c *Conn) HandleFrame(ctx context.Context, data []byte) {
 		return
 	}
 	switch head.Type {
-	case FrameRPC:
+	case wire.RPC:
 		c.handleRPC(ctx, data)
 		return
-	case FrameState:
+	case wire.State:
 		c.handleClientState(ctx, data)
 		return
 	}
@@ -212,7 +176,7 @@ func (c *Conn) handleClientState(ctx context.Context, data []byte) {
 		State json.RawMessage `json:"state"`
 	}
 	if err := json.Unmarshal(data, &f); err != nil || len(f.State) == 0 {
-		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+		c.Send(wire.StateErrorFrame{Type: wire.StateError, Error: "State update rejected"})
 		return
 	}
 	// Client writes are closed by default: only a class with a validator
@@ -220,12 +184,12 @@ func (c *Conn) handleClientState(ctx context.Context, data []byte) {
 	v, ok := in.agent.(StateValidator)
 	if !ok {
 		in.rt.log.Info("client state refused: the class has no ValidateState", "agent", in.key)
-		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+		c.Send(wire.StateErrorFrame{Type: wire.StateError, Error: "State update rejected"})
 		return
 	}
 	if err := checkStateNumbers(f.State); err != nil {
 		in.rt.log.Info("client state refused", "agent", in.key, "err", err)
-		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+		c.Send(wire.StateErrorFrame{Type: wire.StateError, Error: "State update rejected"})
 		return
 	}
 	ctx, leave, err := in.enter(ctx)
@@ -235,12 +199,12 @@ func (c *Conn) handleClientState(ctx context.Context, data []byte) {
 	defer leave()
 	if err := v.ValidateState(ctx, f.State, c); err != nil {
 		in.rt.log.Info("client state rejected", "agent", in.key, "err", err)
-		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update rejected"})
+		c.Send(wire.StateErrorFrame{Type: wire.StateError, Error: "State update rejected"})
 		return
 	}
 	if err := in.setState(ctx, f.State, c); err != nil {
 		in.rt.log.Error("persist client state", "agent", in.key, "err", err)
-		c.Send(stateErrorFrame{Type: FrameStateError, Error: "State update failed"})
+		c.Send(wire.StateErrorFrame{Type: wire.StateError, Error: "State update failed"})
 	}
 }
 
@@ -308,13 +272,13 @@ func (c *Conn) handleRPC(ctx context.Context, data []byte) {
 	in := c.inst
 	m, err := in.lookupCallable(req.Method)
 	if err != nil {
-		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: err.Error()})
+		c.Send(rpcResponse{Type: wire.RPC, ID: req.ID, Error: err.Error()})
 		return
 	}
 	rt := in.rt
 	if c.calls.Add(1) > int32(rt.maxCalls) {
 		c.calls.Add(-1)
-		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: fmt.Sprintf(
+		c.Send(rpcResponse{Type: wire.RPC, ID: req.ID, Error: fmt.Sprintf(
 			"too many calls in flight on this connection (the limit is %d); wait for a response before sending more", rt.maxCalls)})
 		rt.diag.Publish(ctx, diag.ChannelRPC, "refuse", in.key, map[string]any{"method": req.Method, "connection": c.id})
 		return
@@ -371,14 +335,14 @@ func (c *Conn) runRPC(ctx context.Context, m *method, req rpcRequest) {
 	c.calls.Add(-1)
 	if err != nil {
 		attrs["error"] = err.Error()
-		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Error: rt.ClientMessage(err, "agent", in.key, "method", req.Method)})
+		c.Send(rpcResponse{Type: wire.RPC, ID: req.ID, Error: rt.ClientMessage(err, "agent", in.key, "method", req.Method)})
 	} else {
 		if stream != nil {
 			stream.mu.Lock()
 			stream.ended = true
 			stream.mu.Unlock()
 		}
-		c.Send(rpcResponse{Type: FrameRPC, ID: req.ID, Success: true, Result: result, Done: done(true)})
+		c.Send(rpcResponse{Type: wire.RPC, ID: req.ID, Success: true, Result: result, Done: done(true)})
 	}
 	rt.diag.Publish(ctx, diag.ChannelRPC, "call", in.key, attrs)
 }
@@ -416,7 +380,7 @@ func (s *Stream) Send(v any) error {
 	if s.ended {
 		return errors.New("agent: stream already ended")
 	}
-	return s.conn.Send(rpcResponse{Type: FrameRPC, ID: s.id, Success: true, Result: v, Done: done(false)})
+	return s.conn.Send(rpcResponse{Type: wire.RPC, ID: s.id, Success: true, Result: v, Done: done(false)})
 }
 
 // Call invokes a callable method of the instance at path in process, with

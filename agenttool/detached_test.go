@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
@@ -22,6 +21,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/wire"
 )
 
 // Detached runs (spec §5, groups E and F), adapted to our deliberate
@@ -452,86 +452,40 @@ func detTickNext(t *testing.T, ctx context.Context, k *detKit, d *detDiag, paren
 // ---------------------------------------------------------------------------
 // A WebSocket client recording every frame.
 
+// detWS is a WebSocket connection (testenv.WSClient) whose tests read
+// its agent-tool-event frames and transcripts.
 type detWS struct {
-	t       *testing.T
-	c       *websocket.Conn
-	done    chan struct{}
-	mu      sync.Mutex
-	raw     []string
-	changed chan struct{}
+	t  *testing.T
+	ws *testenv.WSClient[agenttool.Frame]
 }
 
 func detDial(t *testing.T, env *testenv.Env, path string) *detWS {
 	t.Helper()
-	c, _, err := websocket.Dial(detCtx(t), env.URL("/agents/"+path), nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", path, err)
-	}
-	c.SetReadLimit(-1)
-	w := &detWS{t: t, c: c, done: make(chan struct{}), changed: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				return
-			}
-			w.mu.Lock()
-			w.raw = append(w.raw, string(data))
-			close(w.changed)
-			w.changed = make(chan struct{})
-			w.mu.Unlock()
-		}
-	}()
+	w := &detWS{t: t, ws: testenv.DialWS[agenttool.Frame](t, detWait, env.URL("/agents/"+path))}
 	t.Cleanup(w.close)
 	return w
 }
 
-func (w *detWS) close() {
-	w.c.Close(websocket.StatusNormalClosure, "")
-	<-w.done
-}
+func (w *detWS) close() { w.ws.CloseNormally() }
 
 // frames returns the agent-tool frames received so far.
-func (w *detWS) frames() []agenttool.Frame {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var out []agenttool.Frame
-	for _, r := range w.raw {
-		if !strings.Contains(r, `"type":"`+agenttool.FrameType+`"`) {
-			continue
-		}
-		var f agenttool.Frame
-		if json.Unmarshal([]byte(r), &f) == nil && f.Type == agenttool.FrameType {
-			out = append(out, f)
-		}
-	}
-	return out
-}
+func (w *detWS) frames() []agenttool.Frame { return toolFrames(w.ws.Frames()) }
 
 // waitFrames waits until pred holds for the agent-tool frames.
 func (w *detWS) waitFrames(ctx context.Context, what string, pred func([]agenttool.Frame) bool) []agenttool.Frame {
 	w.t.Helper()
-	for {
-		w.mu.Lock()
-		ch := w.changed
-		w.mu.Unlock()
-		fs := w.frames()
-		if pred(fs) {
-			return fs
+	all, err := w.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool { return pred(toolFrames(all)) })
+	fs := toolFrames(all)
+	if err != nil {
+		var b strings.Builder
+		for _, f := range fs {
+			data, _ := json.Marshal(f)
+			b.Write(data)
+			b.WriteByte('\n')
 		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			var b strings.Builder
-			for _, f := range fs {
-				data, _ := json.Marshal(f)
-				b.Write(data)
-				b.WriteByte('\n')
-			}
-			w.t.Fatalf("timed out waiting for %s; frames:\n%s", what, b.String())
-		}
+		w.t.Fatalf("timed out waiting for %s; frames:\n%s", what, b.String())
 	}
+	return fs
 }
 
 // waitTranscript waits until a transcript frame (cf_agent_chat_messages)
@@ -539,27 +493,25 @@ func (w *detWS) waitFrames(ctx context.Context, what string, pred func([]agentto
 func (w *detWS) waitTranscript(ctx context.Context, what string, pred func([]message.Message) bool) []message.Message {
 	w.t.Helper()
 	seen := 0
-	for {
-		w.mu.Lock()
-		ch := w.changed
-		raw := append([]string(nil), w.raw[seen:]...)
-		seen = len(w.raw)
-		w.mu.Unlock()
-		for _, r := range raw {
+	var got []message.Message
+	_, err := w.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
+		for _, fr := range all[seen:] {
 			var f struct {
 				Type     string            `json:"type"`
 				Messages []message.Message `json:"messages"`
 			}
-			if json.Unmarshal([]byte(r), &f) == nil && f.Type == "cf_agent_chat_messages" && pred(f.Messages) {
-				return f.Messages
+			if json.Unmarshal(fr.Raw, &f) == nil && f.Type == wire.ChatMessages && pred(f.Messages) {
+				got = f.Messages
+				return true
 			}
 		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			w.t.Fatalf("timed out waiting for %s", what)
-		}
+		seen = len(all)
+		return false
+	})
+	if err != nil {
+		w.t.Fatalf("timed out waiting for %s", what)
 	}
+	return got
 }
 
 func detTerminals(fs []agenttool.Frame, runID string) []agenttool.Frame {

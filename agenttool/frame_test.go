@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"testing"
+
+	"github.com/agentry/agentry/wire"
 )
 
 // FuzzEncodeFrame checks that encodeFrame writes exactly what json.Marshal
@@ -35,7 +37,7 @@ func FuzzEncodeFrame(f *testing.F) {
 		if displayKey != "" {
 			ev.Display = Display{displayKey: displayValue, "n": len(displayValue)}
 		}
-		fr := Frame{Type: FrameType, ParentToolCallID: parent, Sequence: seq, Replay: replay, Event: ev}
+		fr := Frame{Type: wire.AgentToolEvent, ParentToolCallID: parent, Sequence: seq, Replay: replay, Event: ev}
 		want, werr := json.Marshal(fr)
 		got, err := encodeFrame(fr)
 		if (werr != nil) != (err != nil) {
@@ -51,9 +53,9 @@ func TestEncodeFrameOtherEvents(t *testing.T) {
 	order := 3
 	msg := "done"
 	for _, fr := range []Frame{
-		{Type: FrameType, Sequence: 1, Event: Event{Kind: "chunk", RunID: "r", Body: "b", Order: &order}},
-		{Type: FrameType, Sequence: 2, Event: Event{Kind: "chunk", RunID: "r", Summary: &msg}},
-		{Type: FrameType, Sequence: 3, Event: Event{Kind: "started", RunID: "r", AgentType: "Researcher", InputPreview: json.RawMessage(`{"q":1}`)}},
+		{Type: wire.AgentToolEvent, Sequence: 1, Event: Event{Kind: "chunk", RunID: "r", Body: "b", Order: &order}},
+		{Type: wire.AgentToolEvent, Sequence: 2, Event: Event{Kind: "chunk", RunID: "r", Summary: &msg}},
+		{Type: wire.AgentToolEvent, Sequence: 3, Event: Event{Kind: "started", RunID: "r", AgentType: "Researcher", InputPreview: json.RawMessage(`{"q":1}`)}},
 	} {
 		want, _ := json.Marshal(fr)
 		got, err := encodeFrame(fr)

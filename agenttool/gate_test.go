@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/wire"
 )
 
 // lister is a parent whose callables dispatch an awaited run and list its
@@ -60,9 +61,9 @@ func TestParentAnswersWhileAwaiting(t *testing.T) {
 	}, chat.Config{}, agenttool.Options{}, nil)
 	ctx := testCtx(t)
 	w := dial(t, env, "lister/l1")
-	w.send(map[string]any{"type": "rpc", "id": "research", "method": "research", "args": []any{"r1"}})
+	w.send(map[string]any{"type": wire.RPC, "id": "research", "method": "research", "args": []any{"r1"}})
 	waitHeld(t, ctx, fake, 1) // the child streams and waits on its model
-	w.send(map[string]any{"type": "rpc", "id": "list", "method": "listRuns", "args": []any{}})
+	w.send(map[string]any{"type": wire.RPC, "id": "list", "method": "listRuns", "args": []any{}})
 	type rpc struct {
 		ID     string          `json:"id"`
 		Result json.RawMessage `json:"result"`
@@ -97,7 +98,9 @@ func TestParentAnswersWhileAwaiting(t *testing.T) {
 
 // rawFrames returns every frame the client has received, as text.
 func (w *wsClient) rawFrames() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]string(nil), w.raw...)
+	var out []string
+	for _, f := range w.ws.Frames() {
+		out = append(out, string(f.Raw))
+	}
+	return out
 }

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 	"go.uber.org/goleak"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 var pg pgtest.Cluster
@@ -357,15 +357,11 @@ func pump(fake *clockwork.FakeClock) (stop func()) {
 // ---------------------------------------------------------------------------
 // WebSocket client that records agent-tool-event frames.
 
+// wsClient is a WebSocket connection (testenv.WSClient) whose tests read
+// its agent-tool-event frames, or every frame as text.
 type wsClient struct {
-	t    *testing.T
-	c    *websocket.Conn
-	done chan struct{}
-
-	mu      sync.Mutex
-	frames  []agenttool.Frame
-	raw     []string
-	changed chan struct{}
+	t  *testing.T
+	ws *testenv.WSClient[agenttool.Frame]
 }
 
 func routePath(class, name string) string { return agent.Kebab(class) + "/" + url.PathEscape(name) }
@@ -375,13 +371,7 @@ func routePath(class, name string) string { return agent.Kebab(class) + "/" + ur
 func dial(t *testing.T, env *testenv.Env, path string) *wsClient {
 	t.Helper()
 	ctx := testCtx(t)
-	c, _, err := websocket.Dial(ctx, env.URL("/agents/"+path), nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", path, err)
-	}
-	c.SetReadLimit(-1)
-	w := &wsClient{t: t, c: c, done: make(chan struct{}), changed: make(chan struct{})}
-	go w.read()
+	w := &wsClient{t: t, ws: testenv.DialWS[agenttool.Frame](t, waitLimit, env.URL("/agents/"+path))}
 	t.Cleanup(w.close)
 	// The connect phase (connect frames, replay) is over once the server
 	// answers a frame sent after it.
@@ -389,41 +379,22 @@ func dial(t *testing.T, env *testenv.Env, path string) *wsClient {
 	return w
 }
 
-func (w *wsClient) read() {
-	defer close(w.done)
-	for {
-		_, data, err := w.c.Read(context.Background())
-		if err != nil {
-			return
+// toolFrames returns the agent-tool-event frames of fs.
+func toolFrames(fs []testenv.Frame[agenttool.Frame]) []agenttool.Frame {
+	var out []agenttool.Frame
+	for _, f := range fs {
+		if f.Err == nil && f.Value.Type == wire.AgentToolEvent {
+			out = append(out, f.Value)
 		}
-		var head struct {
-			Type string `json:"type"`
-		}
-		_ = json.Unmarshal(data, &head)
-		w.mu.Lock()
-		w.raw = append(w.raw, string(data))
-		if head.Type == agenttool.FrameType {
-			var f agenttool.Frame
-			if err := json.Unmarshal(data, &f); err == nil {
-				w.frames = append(w.frames, f)
-			}
-		}
-		close(w.changed)
-		w.changed = make(chan struct{})
-		w.mu.Unlock()
 	}
+	return out
 }
 
-func (w *wsClient) close() {
-	w.c.Close(websocket.StatusNormalClosure, "")
-	<-w.done
-}
+func (w *wsClient) close() { w.ws.CloseNormally() }
 
 func (w *wsClient) send(v any) {
-	data, _ := json.Marshal(v)
-	if err := w.c.Write(testCtx(w.t), websocket.MessageText, data); err != nil {
-		w.t.Fatalf("send: %v", err)
-	}
+	w.t.Helper()
+	w.ws.Send(v)
 }
 
 // sync returns once every frame the server queued for this connection
@@ -439,45 +410,30 @@ func (w *wsClient) sync(ctx context.Context) {
 // far and returns them.
 func (w *wsClient) waitFrames(ctx context.Context, what string, pred func([]agenttool.Frame) bool) []agenttool.Frame {
 	w.t.Helper()
-	for {
-		w.mu.Lock()
-		fs := append([]agenttool.Frame(nil), w.frames...)
-		ch := w.changed
-		w.mu.Unlock()
-		if pred(fs) {
-			return fs
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			w.t.Fatalf("timed out waiting for %s; frames:\n%s", what, dumpFrames(fs))
-		}
+	fs, err := w.ws.Wait(ctx, func(fs []testenv.Frame[agenttool.Frame]) bool { return pred(toolFrames(fs)) })
+	if err != nil {
+		w.t.Fatalf("timed out waiting for %s (%v); frames:\n%s", what, err, dumpFrames(toolFrames(fs)))
 	}
+	return toolFrames(fs)
 }
 
 // waitRaw waits until a raw frame satisfies pred and returns it.
 func (w *wsClient) waitRaw(ctx context.Context, what string, pred func(string) bool) string {
 	w.t.Helper()
-	for {
-		w.mu.Lock()
-		var hit string
-		for _, r := range w.raw {
-			if pred(r) {
-				hit = r
-				break
+	var hit string
+	_, err := w.ws.Wait(ctx, func(fs []testenv.Frame[agenttool.Frame]) bool {
+		for _, f := range fs {
+			if pred(string(f.Raw)) {
+				hit = string(f.Raw)
+				return true
 			}
 		}
-		ch := w.changed
-		w.mu.Unlock()
-		if hit != "" {
-			return hit
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			w.t.Fatalf("timed out waiting for %s", what)
-		}
+		return false
+	})
+	if err != nil {
+		w.t.Fatalf("timed out waiting for %s (%v)", what, err)
 	}
+	return hit
 }
 
 func isTerminal(kind string) bool {

@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/diag"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // Options configure agent tools on a runtime.
@@ -278,7 +279,7 @@ func (h *host) LayerClose(ctx context.Context, conn *agent.Conn) {
 // broadcast sends an event frame to every connection; connections still
 // receiving their connect replay get it after the replay, in order.
 func (h *host) broadcast(parentToolCallID string, seq int64, ev Event) {
-	frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: parentToolCallID, Sequence: seq, Event: ev})
+	frame, err := encodeFrame(Frame{Type: wire.AgentToolEvent, ParentToolCallID: parentToolCallID, Sequence: seq, Event: ev})
 	if err != nil {
 		return
 	}

@@ -141,11 +141,6 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			h.recoveredRow(ctx, row, start, res, h.forwardStored(ctx, row, ch.streamChunks(ctx, requestID)))
 		}()
 	}
-	type remotePending struct {
-		row      runRow
-		streamID string
-		r        Remote
-	}
 	var remote []remotePending
 	for i, row := range rows {
 		h.mu.Lock()
@@ -220,33 +215,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			child := h.b.Path().Child(p.row.AgentType, p.row.RunID)
-			streamID := p.streamID
-			if streamID == "" {
-				// Recorded by the child but its turn not started: start it
-				// with the input it was recorded with.
-				id, err := p.r.StartChild(ctx, RemoteStart{ParentPath: h.b.Path(), Class: p.row.AgentType, RunID: p.row.RunID})
-				if err != nil {
-					h.recoveredRow(ctx, p.row, start, Result{Status: StatusError, Error: h.runError(p.row.RunID, err)}, 0)
-					return
-				}
-				streamID = id
-			}
-			if p.row.Status == StatusStarting {
-				if err := h.markRunning(ctx, p.row.RunID); err != nil {
-					h.b.Logger().Error("agenttool: recover run", "run", p.row.RunID, "err", err)
-				} else {
-					p.row.Status = StatusRunning
-				}
-			}
-			h.publish(ctx, "recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType})
-			res, err := h.awaitRemote(ctx, p.row, child, streamID, nil, p.r)
-			if err != nil {
-				return
-			}
-			h.publish(ctx, "recovery:row", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
-				"status": string(res.Status), "reason": string(res.Reason), "error": res.Error,
-				"elapsedMs": clock.Since(start).Milliseconds()})
+			h.reattachRemote(ctx, p, start)
 		}()
 	}
 	for _, p := range reattach {
@@ -266,6 +235,48 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 	}
 	wg.Wait()
 	h.publish(ctx, "recovery:complete", map[string]any{"runCount": len(rows), "elapsedMs": clock.Since(start).Milliseconds()})
+}
+
+// remotePending is a recovered run whose child, on another node, has a
+// record of it and has not finished it.
+type remotePending struct {
+	row      runRow
+	streamID string
+	r        Remote
+}
+
+// reattachRemote follows a recovered run whose child is on another node
+// (p) to its end, starting the child's turn first if it was recorded but
+// not started.
+func (h *host) reattachRemote(ctx context.Context, p remotePending, start time.Time) {
+	clock := h.rt.Clock()
+	child := h.b.Path().Child(p.row.AgentType, p.row.RunID)
+	streamID := p.streamID
+	if streamID == "" {
+		// Recorded by the child but its turn not started: start it
+		// with the input it was recorded with.
+		id, err := p.r.StartChild(ctx, RemoteStart{ParentPath: h.b.Path(), Class: p.row.AgentType, RunID: p.row.RunID})
+		if err != nil {
+			h.recoveredRow(ctx, p.row, start, Result{Status: StatusError, Error: h.runError(p.row.RunID, err)}, 0)
+			return
+		}
+		streamID = id
+	}
+	if p.row.Status == StatusStarting {
+		if err := h.markRunning(ctx, p.row.RunID); err != nil {
+			h.b.Logger().Error("agenttool: recover run", "run", p.row.RunID, "err", err)
+		} else {
+			p.row.Status = StatusRunning
+		}
+	}
+	h.publish(ctx, "recovery:reattach", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType})
+	res, err := h.awaitRemote(ctx, p.row, child, streamID, nil, p.r)
+	if err != nil {
+		return
+	}
+	h.publish(ctx, "recovery:row", map[string]any{"runId": p.row.RunID, "agentType": p.row.AgentType,
+		"status": string(res.Status), "reason": string(res.Reason), "error": res.Error,
+		"elapsedMs": clock.Since(start).Milliseconds()})
 }
 
 // pendingReattach is a recovered run whose child still runs it, for the

@@ -35,7 +35,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
@@ -561,51 +560,21 @@ func recChildRowSettled(t *testing.T, rt *agent.Runtime, path agent.Path) {
 // ---------------------------------------------------------------------------
 // WebSocket client of the parent.
 
+// recWS is a WebSocket connection (testenv.WSClient) to the parent whose
+// tests read its agent-tool-event frames.
 type recWS struct {
-	t    *testing.T
-	c    *websocket.Conn
-	done chan struct{}
-
-	mu      sync.Mutex
-	frames  []agenttool.Frame
-	changed chan struct{}
+	t  *testing.T
+	ws *testenv.WSClient[agenttool.Frame]
 }
 
 func recDial(t *testing.T, e *recEnv, class, name string) *recWS {
 	t.Helper()
-	ctx := recCtx(t)
-	c, _, err := websocket.Dial(ctx, e.URL("/agents/"+agent.Kebab(class)+"/"+name), nil)
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	c.SetReadLimit(-1)
-	w := &recWS{t: t, c: c, done: make(chan struct{}), changed: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				return
-			}
-			var f agenttool.Frame
-			if json.Unmarshal(data, &f) != nil || f.Type != agenttool.FrameType {
-				continue
-			}
-			w.mu.Lock()
-			w.frames = append(w.frames, f)
-			close(w.changed)
-			w.changed = make(chan struct{})
-			w.mu.Unlock()
-		}
-	}()
+	w := &recWS{t: t, ws: testenv.DialWS[agenttool.Frame](t, recWait, e.URL("/agents/"+agent.Kebab(class)+"/"+name))}
 	t.Cleanup(w.close)
 	return w
 }
 
-func (w *recWS) close() {
-	w.c.Close(websocket.StatusNormalClosure, "")
-	<-w.done
-}
+func (w *recWS) close() { w.ws.CloseNormally() }
 
 // terminal waits for a terminal frame of run and returns the run's frames.
 func (w *recWS) terminal(runID string) []agenttool.Frame {
@@ -618,34 +587,23 @@ func (w *recWS) terminal(runID string) []agenttool.Frame {
 func (w *recWS) until(runID string, done func(kind string) bool) []agenttool.Frame {
 	w.t.Helper()
 	ctx := recCtx(w.t)
-	for {
-		w.mu.Lock()
-		var fs []agenttool.Frame
-		for _, f := range w.frames {
-			if f.Event.RunID == runID {
-				fs = append(fs, f)
-			}
-		}
-		ch := w.changed
-		w.mu.Unlock()
-		if n := len(fs); n > 0 && done(fs[n-1].Event.Kind) {
-			return fs
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			w.t.Fatalf("timed out waiting for the terminal frame of %s:\n%s", runID, recDumpFrames(fs))
-		}
+	var fs []agenttool.Frame
+	_, err := w.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
+		fs = framesOf(toolFrames(all), runID)
+		n := len(fs)
+		return n > 0 && done(fs[n-1].Event.Kind)
+	})
+	if err != nil {
+		w.t.Fatalf("timed out waiting for the terminal frame of %s:\n%s", runID, recDumpFrames(fs))
 	}
+	return fs
 }
 
-// chunks returns how many chunks of run (distinct sequences, replayed or
-// live) the client has.
-func (w *recWS) chunks(runID string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+// recChunks returns how many chunks of run (distinct sequences, replayed
+// or live) fs has.
+func recChunks(fs []agenttool.Frame, runID string) int {
 	seen := map[int64]bool{}
-	for _, f := range w.frames {
+	for _, f := range fs {
 		if f.Event.RunID == runID && f.Event.Kind == "chunk" {
 			seen[f.Sequence] = true
 		}
@@ -659,18 +617,11 @@ func (w *recWS) chunks(runID string) int {
 func (w *recWS) moreChunks(runID string, n int) {
 	w.t.Helper()
 	ctx := recCtx(w.t)
-	for {
-		w.mu.Lock()
-		ch := w.changed
-		w.mu.Unlock()
-		if w.chunks(runID) > n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			w.t.Fatalf("timed out waiting for a chunk of %s after %d", runID, n)
-		}
+	_, err := w.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
+		return recChunks(toolFrames(all), runID) > n
+	})
+	if err != nil {
+		w.t.Fatalf("timed out waiting for a chunk of %s after %d", runID, n)
 	}
 }
 

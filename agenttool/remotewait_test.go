@@ -21,6 +21,7 @@ import (
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // Runs that wait for input, and usage, when the parent and the child are
@@ -243,7 +244,7 @@ func TestRemoteChildApprovalFromParent(t *testing.T) {
 			}
 			// Refused: an unknown run on the parent, a guessed one on the
 			// child's owner (no instance wakes for it).
-			w.send(map[string]any{"type": "agent_tool_approval", "runId": "nope", "toolCallId": call, "approved": true})
+			w.send(map[string]any{"type": wire.AgentToolApproval, "runId": "nope", "toolCallId": call, "approved": true})
 			w.waitRaw(ctx, "the refusal", func(s string) bool { return strings.Contains(s, "unknown_run") })
 			guess := agent.Root("Assistant", "p1").Child("Publisher", "agent-tool:guess")
 			err := agenttool.AnswerRemoteChild(ctx, nodes.children.RT, agenttool.RemoteAnswer{Child: guess, RunID: "agent-tool:guess",
@@ -264,7 +265,7 @@ func TestRemoteChildApprovalFromParent(t *testing.T) {
 				t.Errorf("answer whose run id does not name the child: %v, want ErrBadRemoteCall", err)
 			}
 
-			w.send(map[string]any{"type": "agent_tool_approval", "runId": runID, "toolCallId": call, "approved": tc.approved})
+			w.send(map[string]any{"type": wire.AgentToolApproval, "runId": runID, "toolCallId": call, "approved": tc.approved})
 			res := <-done
 			if res.Outcome != chat.OutcomeCompleted || !strings.Contains(res.Text(), tc.text) {
 				t.Fatalf("parent turn %+v, want %q", res, tc.text)
@@ -327,9 +328,9 @@ func TestRemoteChildClientToolFromParent(t *testing.T) {
 		return call != ""
 	})
 	w.waitRaw(ctx, "the waiting progress", func(s string) bool { return strings.Contains(s, `Waiting for get_local_time`) })
-	w.send(map[string]any{"type": "agent_tool_approval", "runId": runID, "toolCallId": call, "approved": true})
+	w.send(map[string]any{"type": wire.AgentToolApproval, "runId": runID, "toolCallId": call, "approved": true})
 	w.waitRaw(ctx, "the refusal", func(s string) bool { return strings.Contains(s, "tool_call_not_waiting") })
-	w.send(map[string]any{"type": "agent_tool_result", "runId": runID, "toolCallId": call, "output": map[string]any{"time": "10:42"}})
+	w.send(map[string]any{"type": wire.AgentToolResult, "runId": runID, "toolCallId": call, "output": map[string]any{"time": "10:42"}})
 	res := <-done
 	if res.Outcome != chat.OutcomeCompleted || !strings.Contains(res.Text(), `the time is {\"time\":\"10:42\"}`) {
 		t.Fatalf("parent turn %+v", res)

@@ -12,6 +12,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // LayerConnect replays the whole registry to a new connection: for each run
@@ -151,7 +152,7 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 // returned, with the position its wait would take, for replayRemoteWaits.
 func (h *host) replayRun(conn *agent.Conn, r runRow, chunks []chunk, sent map[string]int64, active map[string]bool) (laterWait, bool) {
 	send := func(seq int64, ev Event) {
-		frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: r.ParentToolCallID, Sequence: seq, Replay: true, Event: ev})
+		frame, err := encodeFrame(Frame{Type: wire.AgentToolEvent, ParentToolCallID: r.ParentToolCallID, Sequence: seq, Replay: true, Event: ev})
 		if err == nil {
 			conn.SendRaw(frame)
 			sent[r.RunID] = max(sent[r.RunID], seq)
@@ -245,7 +246,7 @@ func (h *host) replayRemoteWaits(ctx context.Context, tx store.Tx, conn *agent.C
 			continue
 		}
 		seq := eventSeq(lw.at, lw.r.marks)
-		frame, err := encodeFrame(Frame{Type: FrameType, ParentToolCallID: lw.r.ParentToolCallID, Sequence: seq, Replay: true,
+		frame, err := encodeFrame(Frame{Type: wire.AgentToolEvent, ParentToolCallID: lw.r.ParentToolCallID, Sequence: seq, Replay: true,
 			Event: Event{Kind: "chunk", RunID: lw.r.RunID, Body: waitingProgress(lw.at, n.waiting)}})
 		if err == nil {
 			conn.SendRaw(frame)

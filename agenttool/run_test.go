@@ -16,6 +16,7 @@ import (
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/wire"
 )
 
 // Groups G (TA) and H (AA): a chat child run through RunAgentTool.
@@ -470,7 +471,7 @@ func TestUnrelatedChildErrorDoesNotFailRun(t *testing.T) {
 	out := goRun(ctx, a, "Researcher", agenttool.RunOptions{Input: "x", RunID: "u1"})
 	waitHeld(t, ctx, fake, 1)
 	child := dial(t, env, "assistant/p79/sub/researcher/u1")
-	child.send(map[string]any{"type": "cf_agent_use_chat_request", "id": "bad1", "init": map[string]any{"method": "POST", "body": "{not json"}})
+	child.send(map[string]any{"type": wire.ChatRequest, "id": "bad1", "init": map[string]any{"method": "POST", "body": "{not json"}})
 	child.waitRaw(ctx, "the error answer", func(s string) bool { return strings.Contains(s, `"bad1"`) && strings.Contains(s, `"error":true`) })
 	stop := pump(fake)
 	defer stop()

@@ -206,7 +206,7 @@ type Event struct {
 	ChildStillRunning *bool           `json:"childStillRunning,omitempty"`
 }
 
-// Frame is an agent-tool-event frame.
+// Frame is an agent-tool-event frame (type wire.AgentToolEvent).
 type Frame struct {
 	Type             string `json:"type"`
 	ParentToolCallID string `json:"parentToolCallId,omitempty"`
@@ -214,6 +214,3 @@ type Frame struct {
 	Replay           bool   `json:"replay,omitempty"`
 	Event            Event  `json:"event"`
 }
-
-// FrameType is the type of agent-tool event frames.
-const FrameType = "agent-tool-event"

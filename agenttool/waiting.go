@@ -10,6 +10,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // Runs that wait for input.
@@ -213,12 +214,6 @@ func (a RemoteAnswer) apply(ctx context.Context, cb *chat.Base) error {
 	return err
 }
 
-// Frames a parent's clients send to answer a child's wait.
-const (
-	frameRunApproval = "agent_tool_approval"
-	frameRunResult   = "agent_tool_result"
-)
-
 // LayerFrame handles the answers a parent's clients give to the runs of
 // its registry that wait for input:
 //
@@ -228,7 +223,7 @@ const (
 // A refused answer gets an error frame (unknown_run, tool_call_not_waiting,
 // bad_agent_tool_frame).
 func (h *host) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, data []byte) bool {
-	if typ != frameRunApproval && typ != frameRunResult {
+	if typ != wire.AgentToolApproval && typ != wire.AgentToolResult {
 		return false
 	}
 	var f struct {
@@ -245,7 +240,7 @@ func (h *host) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, dat
 		return true
 	}
 	var err error
-	if typ == frameRunApproval {
+	if typ == wire.AgentToolApproval {
 		err = AnswerAgentToolApproval(ctx, h.a, f.RunID, f.ToolCallID, f.Approved, f.Reason)
 	} else {
 		errText := ""

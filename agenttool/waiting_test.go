@@ -16,6 +16,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
+	"github.com/agentry/agentry/wire"
 )
 
 // publisher is a child whose publish tool needs approval.
@@ -136,9 +137,9 @@ func TestChildApprovalFromParent(t *testing.T) {
 	default:
 	}
 	// A refused answer: an unknown run.
-	w.send(map[string]any{"type": "agent_tool_approval", "runId": "nope", "toolCallId": call, "approved": true})
+	w.send(map[string]any{"type": wire.AgentToolApproval, "runId": "nope", "toolCallId": call, "approved": true})
 	w.waitRaw(ctx, "the refusal", func(s string) bool { return strings.Contains(s, "unknown_run") })
-	w.send(map[string]any{"type": "agent_tool_approval", "runId": runID, "toolCallId": call, "approved": true})
+	w.send(map[string]any{"type": wire.AgentToolApproval, "runId": runID, "toolCallId": call, "approved": true})
 	res := <-done
 	if res.Outcome != chat.OutcomeCompleted || !strings.Contains(res.Text(), "published t") {
 		t.Fatalf("parent turn %+v", res)
@@ -204,7 +205,7 @@ func TestChildApprovalFromDrillIn(t *testing.T) {
 	})
 	call := waitingCall(t, ctx, w, runID)
 	child := dial(t, env, "assistant/p2/sub/publisher/"+strings.ReplaceAll(runID, ":", "%3A"))
-	child.send(map[string]any{"type": "cf_agent_tool_approval", "toolCallId": call, "approved": false, "autoContinue": true})
+	child.send(map[string]any{"type": wire.ToolApproval, "toolCallId": call, "approved": false, "autoContinue": true})
 	res := <-done
 	if res.Outcome != chat.OutcomeCompleted || !strings.Contains(res.Text(), message.ResultDenied) {
 		t.Fatalf("parent turn %+v, want the child's report of the denial", res)
@@ -323,9 +324,9 @@ func TestChildClientToolFromParent(t *testing.T) {
 	})
 	w.waitRaw(ctx, "the waiting progress", func(s string) bool { return strings.Contains(s, `Waiting for get_local_time`) })
 	// An approval is not what this call waits for.
-	w.send(map[string]any{"type": "agent_tool_approval", "runId": runID, "toolCallId": call, "approved": true})
+	w.send(map[string]any{"type": wire.AgentToolApproval, "runId": runID, "toolCallId": call, "approved": true})
 	w.waitRaw(ctx, "the refusal", func(s string) bool { return strings.Contains(s, "tool_call_not_waiting") })
-	w.send(map[string]any{"type": "agent_tool_result", "runId": runID, "toolCallId": call, "output": map[string]any{"time": "10:42"}})
+	w.send(map[string]any{"type": wire.AgentToolResult, "runId": runID, "toolCallId": call, "output": map[string]any{"time": "10:42"}})
 	res := <-done
 	if res.Outcome != chat.OutcomeCompleted || !strings.Contains(res.Text(), `the time is {\"time\":\"10:42\"}`) {
 		t.Fatalf("parent turn %+v", res)

@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // Tool approval and client-side tools.
@@ -436,7 +437,7 @@ func (c *core) answer(ctx context.Context, origin *agent.Conn, toolCallID string
 		c.b.Broadcast(struct {
 			Type    string          `json:"type"`
 			Message message.Message `json:"message"`
-		}{frameMsgUpdated, m})
+		}{wire.MessageUpdated, m})
 	}
 	if !opts.AutoContinue || len(waitingCalls(m)) > 0 {
 		// Stored alone: another answer (or a request) goes on from it.

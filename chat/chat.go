@@ -271,48 +271,11 @@ func MessageText(m message.Message) string {
 	return s
 }
 
-// wire frames of the chat protocol.
-const (
-	frameRequest       = "cf_agent_use_chat_request"
-	frameResponse      = "cf_agent_use_chat_response"
-	frameMessages      = "cf_agent_chat_messages"
-	frameClear         = "cf_agent_chat_clear"
-	frameCancel        = "cf_agent_chat_request_cancel"
-	frameResumeRequest = "cf_agent_stream_resume_request"
-	frameResumeAck     = "cf_agent_stream_resume_ack"
-	frameResuming      = "cf_agent_stream_resuming"
-	frameResumeNone    = "cf_agent_stream_resume_none"
-	framePending       = "cf_agent_stream_pending"
-	frameToolResult    = "cf_agent_tool_result"
-	frameToolApproval  = "cf_agent_tool_approval"
-	frameMsgUpdated    = "cf_agent_message_updated"
-)
-
-type responseFrame struct {
-	Type           string   `json:"type"`
-	ID             string   `json:"id"`
-	Body           string   `json:"body"`
-	Done           bool     `json:"done"`
-	Error          bool     `json:"error,omitempty"`
-	Continuation   bool     `json:"continuation,omitempty"`
-	Replay         bool     `json:"replay,omitempty"`
-	ReplayComplete bool     `json:"replayComplete,omitempty"`
-	Seq            *int     `json:"seq,omitempty"`
-	MessageIDs     []string `json:"messageIds,omitempty"`
-	Outcome        string   `json:"outcome,omitempty"`
-}
-
+// messagesFrame is a wire.ChatMessages frame.
 type messagesFrame struct {
 	Type     string            `json:"type"`
 	Messages []message.Message `json:"messages"`
 	Connect  bool              `json:"connect,omitempty"`
-}
-
-type probeFrame struct {
-	Type    string `json:"type"`
-	ID      string `json:"id,omitempty"`
-	ProbeID string `json:"probeId,omitempty"`
-	Reason  string `json:"reason,omitempty"`
 }
 
 func encode(v any) []byte {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/metric"
 	"go.uber.org/goleak"
@@ -24,6 +23,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 var pg pgtest.Cluster
@@ -409,7 +409,7 @@ func (b *flag) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-func (f wireFrame) isResponse() bool { return f.Type == "cf_agent_use_chat_response" }
+func (f wireFrame) isResponse() bool { return f.Type == wire.ChatResponse }
 
 // isContent reports whether f is a chunk frame (not control, error or
 // terminal).
@@ -417,12 +417,11 @@ func (f wireFrame) isContent() bool {
 	return f.isResponse() && !f.Done && !bool(f.Error) && !f.ReplayComplete && f.Body != ""
 }
 
+// wsClient is a chat test's WebSocket connection (testenv.WSClient) that
+// takes the frames one by one.
 type wsClient struct {
-	t      *testing.T
-	c      *websocket.Conn
-	frames chan []byte
-	done   chan struct{}
-	err    error
+	t  *testing.T
+	ws *testenv.WSClient[wireFrame]
 	// all is every frame read so far, in order.
 	all []wireFrame
 }
@@ -434,56 +433,24 @@ func dial(t *testing.T, env *testenv.Env, path string) *wsClient {
 
 func dialURL(t *testing.T, url string) *wsClient {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, resp, err := websocket.Dial(ctx, url, nil)
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
-	if err != nil {
-		t.Fatalf("dial %s: %v", url, err)
-	}
-	c.SetReadLimit(1 << 24)
-	cl := &wsClient{t: t, c: c, frames: make(chan []byte, 1<<14), done: make(chan struct{})}
-	go func() {
-		defer close(cl.done)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				cl.err = err
-				return
-			}
-			cl.frames <- data
-		}
-	}()
-	t.Cleanup(cl.close)
-	return cl
+	return &wsClient{t: t, ws: testenv.DialWS[wireFrame](t, waitLimit, url)}
 }
 
-func (c *wsClient) close() {
-	c.c.CloseNow()
-	<-c.done
-}
-
+// next returns the next frame; a connection that ends first, or no frame
+// within waitLimit, fails the test.
 func (c *wsClient) next() wireFrame {
 	c.t.Helper()
-	var data []byte
-	select {
-	case data = <-c.frames:
-	case <-c.done:
-		select {
-		case data = <-c.frames:
-		default:
-			c.t.Fatalf("connection closed while waiting for a frame: %v", c.err)
-		}
-	case <-time.After(waitLimit):
-		c.t.Fatal("timed out waiting for a frame")
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	fr, err := c.ws.Next(ctx)
+	if err != nil {
+		c.t.Fatalf("waiting for a frame: %v", err)
 	}
-	var f wireFrame
-	if err := json.Unmarshal(data, &f); err != nil {
-		c.t.Fatalf("frame %s: %v", data, err)
+	if fr.Err != nil {
+		c.t.Fatalf("frame %s: %v", fr.Raw, fr.Err)
 	}
-	f.raw = string(data)
+	f := fr.Value
+	f.raw = string(fr.Raw)
 	c.all = append(c.all, f)
 	return f
 }
@@ -515,7 +482,7 @@ func (c *wsClient) expect(typ string) wireFrame {
 // the transcript frame.
 func (c *wsClient) handshake() wireFrame {
 	c.t.Helper()
-	fs := c.until(func(f wireFrame) bool { return f.Type == "cf_agent_chat_messages" })
+	fs := c.until(func(f wireFrame) bool { return f.Type == wire.ChatMessages })
 	f := fs[len(fs)-1]
 	if !f.Connect {
 		c.t.Fatalf("first transcript frame %s lacks connect:true", f.raw)
@@ -525,15 +492,7 @@ func (c *wsClient) handshake() wireFrame {
 
 func (c *wsClient) send(v any) {
 	c.t.Helper()
-	data, err := json.Marshal(v)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	if err := c.c.Write(ctx, websocket.MessageText, data); err != nil {
-		c.t.Fatalf("write: %v", err)
-	}
+	c.ws.Send(v)
 }
 
 // request sends a cf_agent_use_chat_request carrying msgs.
@@ -543,16 +502,16 @@ func (c *wsClient) request(id string, msgs ...message.Message) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	c.send(map[string]any{"type": "cf_agent_use_chat_request", "id": id,
+	c.send(map[string]any{"type": wire.ChatRequest, "id": id,
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 }
 
 func (c *wsClient) probe(probeID string) {
-	c.send(map[string]any{"type": "cf_agent_stream_resume_request", "probeId": probeID})
+	c.send(map[string]any{"type": wire.StreamResumeRequest, "probeId": probeID})
 }
 
 func (c *wsClient) ack(id string) {
-	c.send(map[string]any{"type": "cf_agent_stream_resume_ack", "id": id})
+	c.send(map[string]any{"type": wire.StreamResumeAck, "id": id})
 }
 
 func isDone(id string) func(wireFrame) bool {

@@ -10,6 +10,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // LayerConnect sends a new connection the transcript and, when a turn is
@@ -22,10 +23,10 @@ func (b *Base) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	// From now on live chunks reach this connection; those streamed before
 	// reach it through the resume offer below.
 	c.admitted[conn] = true
-	conn.SendRaw(encode(messagesFrame{Type: frameMessages, Messages: nonNil(c.msgs), Connect: true}))
+	conn.SendRaw(encode(messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs), Connect: true}))
 	if t := c.active; t != nil && t.started {
 		c.pending[conn] = t.row.ID
-		conn.SendRaw(encode(probeFrame{Type: frameResuming, ID: t.row.ID}))
+		conn.SendRaw(encode(wire.StreamFrame{Type: wire.StreamResuming, ID: t.row.ID}))
 	}
 }
 
@@ -58,9 +59,9 @@ func (b *Base) LayerHTTP(ctx context.Context, w http.ResponseWriter, r *http.Req
 func (b *Base) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, data []byte) bool {
 	c := b.c
 	switch typ {
-	case frameRequest:
+	case wire.ChatRequest:
 		c.onRequest(ctx, conn, data)
-	case frameCancel:
+	case wire.ChatCancel:
 		var f struct {
 			ID string `json:"id"`
 		}
@@ -69,13 +70,13 @@ func (b *Base) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, dat
 			return true
 		}
 		c.cancel(f.ID, errCanceled)
-	case frameResumeRequest:
+	case wire.StreamResumeRequest:
 		var f struct {
 			ProbeID string `json:"probeId"`
 		}
 		_ = json.Unmarshal(data, &f)
 		c.onResumeRequest(conn, f.ProbeID)
-	case frameResumeAck:
+	case wire.StreamResumeAck:
 		var f struct {
 			ID string `json:"id"`
 		}
@@ -84,11 +85,11 @@ func (b *Base) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, dat
 			return true
 		}
 		c.onResumeAck(ctx, conn, f.ID)
-	case frameClear:
+	case wire.ChatClear:
 		if err := c.clear(ctx, conn); err != nil {
 			conn.SendError("chat_failed", c.rt.ClientMessage(err, "agent", c.b.Path().String(), "in", "chat clear"))
 		}
-	case frameMessages:
+	case wire.ChatMessages:
 		var f struct {
 			Messages []message.Message `json:"messages"`
 		}
@@ -99,9 +100,9 @@ func (b *Base) LayerFrame(ctx context.Context, conn *agent.Conn, typ string, dat
 		if err := c.replaceTranscript(ctx, f.Messages, conn); err != nil {
 			conn.SendError("chat_failed", c.rt.ClientMessage(err, "agent", c.b.Path().String(), "in", "chat messages"))
 		}
-	case frameToolResult:
+	case wire.ToolResult:
 		c.onToolResult(ctx, conn, data)
-	case frameToolApproval:
+	case wire.ToolApproval:
 		c.onToolApproval(ctx, conn, data)
 	default:
 		return false
@@ -120,7 +121,7 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 	}
 	fail := func(msg string) {
 		if f.ID != "" {
-			conn.Send(responseFrame{Type: frameResponse, ID: f.ID, Body: msg, Done: true, Error: true})
+			conn.Send(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: f.ID, Body: msg, Done: true, Error: true})
 		} else {
 			conn.SendError("bad_chat_request", msg)
 		}
@@ -208,7 +209,7 @@ func (c *core) onResumeRequest(conn *agent.Conn, probeID string) {
 	switch t := c.active; {
 	case t != nil && t.started:
 		c.pending[conn] = t.row.ID
-		conn.SendRaw(encode(probeFrame{Type: frameResuming, ID: t.row.ID, ProbeID: probeID}))
+		conn.SendRaw(encode(wire.StreamFrame{Type: wire.StreamResuming, ID: t.row.ID, ProbeID: probeID}))
 	case t != nil || len(c.queue) > 0:
 		id := ""
 		if t != nil {
@@ -217,12 +218,12 @@ func (c *core) onResumeRequest(conn *agent.Conn, probeID string) {
 			id = c.queue[0].row.ID
 		}
 		c.awaiting[conn] = true
-		conn.SendRaw(encode(probeFrame{Type: framePending, ID: id, ProbeID: probeID}))
+		conn.SendRaw(encode(wire.StreamFrame{Type: wire.StreamPending, ID: id, ProbeID: probeID}))
 	default:
 		if first {
-			conn.SendRaw(encode(messagesFrame{Type: frameMessages, Messages: nonNil(c.msgs)}))
+			conn.SendRaw(encode(messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs)}))
 		}
-		conn.SendRaw(encode(probeFrame{Type: frameResumeNone, Reason: "idle", ProbeID: probeID}))
+		conn.SendRaw(encode(wire.StreamFrame{Type: wire.StreamResumeNone, Reason: "idle", ProbeID: probeID}))
 	}
 }
 
@@ -234,9 +235,9 @@ func (c *core) onResumeAck(ctx context.Context, conn *agent.Conn, id string) {
 	if t := c.active; t != nil && t.row.ID == id {
 		for _, sc := range t.chunks {
 			seq := sc.Seq
-			conn.SendRaw(encode(responseFrame{Type: frameResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: t.row.Continuation}))
+			conn.SendRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: t.row.Continuation}))
 		}
-		conn.SendRaw(encode(responseFrame{Type: frameResponse, ID: id, Replay: true, ReplayComplete: true, Continuation: t.row.Continuation}))
+		conn.SendRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Replay: true, ReplayComplete: true, Continuation: t.row.Continuation}))
 		delete(c.pending, conn)
 		c.mu.Unlock()
 		return
@@ -260,17 +261,17 @@ func (c *core) onResumeAck(ctx context.Context, conn *agent.Conn, id string) {
 		c.log.Error("chat: load stream for replay", "stream", id, "err", err)
 	}
 	if !found || row.Status != statusDone {
-		conn.Send(responseFrame{Type: frameResponse, ID: id, Done: true, Replay: true})
+		conn.Send(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Done: true, Replay: true})
 		return
 	}
 	for _, sc := range chunks {
 		seq := sc.Seq
-		conn.SendRaw(encode(responseFrame{Type: frameResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: row.Continuation}))
+		conn.SendRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: row.Continuation}))
 	}
 	if row.Outcome == OutcomeError {
-		conn.Send(responseFrame{Type: frameResponse, ID: id, Body: row.Error, Error: true, Replay: true, Continuation: row.Continuation})
+		conn.Send(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Body: row.Error, Error: true, Replay: true, Continuation: row.Continuation})
 	}
-	conn.Send(responseFrame{Type: frameResponse, ID: id, Done: true, Replay: true, MessageIDs: row.MessageIDs,
+	conn.Send(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Done: true, Replay: true, MessageIDs: row.MessageIDs,
 		Outcome: row.Outcome, Continuation: row.Continuation})
 }
 
@@ -314,7 +315,7 @@ func (c *core) clear(ctx context.Context, from *agent.Conn) error {
 	if err != nil {
 		return err
 	}
-	frame := encode(probeFrame{Type: frameClear})
+	frame := encode(wire.StreamFrame{Type: wire.ChatClear})
 	if from != nil {
 		c.b.BroadcastRaw(frame, from)
 	} else {

@@ -17,6 +17,7 @@ import (
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 const modelDelay = time.Second
@@ -220,7 +221,7 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 	const path = "/agents/careful/retry"
 	c := dial(t, env, path)
 	c.handshake()
-	if f := c.next(); f.Type != "cf_agent_stream_resuming" || f.ID != id {
+	if f := c.next(); f.Type != wire.StreamResuming || f.ID != id {
 		t.Fatalf("no offer of the recovered stream: %s", f.raw)
 	}
 	c.ack(id)

@@ -17,6 +17,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 func userMsgID(id, text string) message.Message {
@@ -194,7 +195,7 @@ func TestHandlerTurnOnTheWire(t *testing.T) {
 	}
 	// The other connection: the transcript with the answer, then done.
 	withAnswer := slices.IndexFunc(f2, func(f wireFrame) bool {
-		return f.Type == "cf_agent_chat_messages" && len(f.Messages) == 2 && f.Messages[1].ID == asst.ID
+		return f.Type == wire.ChatMessages && len(f.Messages) == 2 && f.Messages[1].ID == asst.ID
 	})
 	if withAnswer < 0 {
 		t.Fatalf("the other connection never got the transcript with the answer")
@@ -203,13 +204,13 @@ func TestHandlerTurnOnTheWire(t *testing.T) {
 		t.Fatalf("broadcast answer %q", got)
 	}
 	// (withAnswer < the index of done, since f2 ends with done.)
-	if slices.ContainsFunc(f1, func(f wireFrame) bool { return f.Type == "cf_agent_chat_messages" }) {
+	if slices.ContainsFunc(f1, func(f wireFrame) bool { return f.Type == wire.ChatMessages }) {
 		t.Fatalf("the requester got a transcript frame during its own turn")
 	}
 	// Exactly one done per connection: probe, and read up to the answer.
 	for name, c := range map[string]*wsClient{"requester": c1, "other": c2} {
 		c.probe("after")
-		c.until(func(f wireFrame) bool { return f.Type == "cf_agent_stream_resume_none" })
+		c.until(func(f wireFrame) bool { return f.Type == wire.StreamResumeNone })
 		dones := 0
 		for _, f := range c.all {
 			if f.isResponse() && f.ID == "req-ok" && f.Done {
@@ -246,10 +247,10 @@ func TestResumeProtocol(t *testing.T) {
 	// Idle: nothing to resume. The connection's first probe, answered
 	// idle, is preceded by the transcript.
 	c1.probe("p-idle")
-	if f := c1.expect("cf_agent_chat_messages"); len(f.Messages) != 0 {
+	if f := c1.expect(wire.ChatMessages); len(f.Messages) != 0 {
 		t.Fatalf("transcript before the first idle answer %s", f.raw)
 	}
-	if f := c1.expect("cf_agent_stream_resume_none"); f.Reason != "idle" || f.ProbeID != "p-idle" {
+	if f := c1.expect(wire.StreamResumeNone); f.Reason != "idle" || f.ProbeID != "p-idle" {
 		t.Fatalf("idle probe answer %s", f.raw)
 	}
 
@@ -269,11 +270,11 @@ func TestResumeProtocol(t *testing.T) {
 
 	c2 := dial(t, env, path)
 	c2.handshake()
-	if f := c2.next(); f.Type != "cf_agent_stream_resuming" || f.ID != "req1" {
+	if f := c2.next(); f.Type != wire.StreamResuming || f.ID != "req1" {
 		t.Fatalf("no proactive offer of the live stream: %s", f.raw)
 	}
 	c2.probe("p-live")
-	if f := c2.next(); f.Type != "cf_agent_stream_resuming" || f.ID != "req1" || f.ProbeID != "p-live" {
+	if f := c2.next(); f.Type != wire.StreamResuming || f.ID != "req1" || f.ProbeID != "p-live" {
 		t.Fatalf("live probe answer %s", f.raw)
 	}
 	c2.ack("req1")
@@ -359,10 +360,10 @@ func TestResumeProtocol(t *testing.T) {
 	}
 	// And the probe is idle again (c3's first: the transcript comes first).
 	c3.probe("p-end")
-	if f := c3.expect("cf_agent_chat_messages"); len(f.Messages) != 2 {
+	if f := c3.expect(wire.ChatMessages); len(f.Messages) != 2 {
 		t.Fatalf("transcript before the first idle answer %s", f.raw)
 	}
-	if f := c3.expect("cf_agent_stream_resume_none"); f.ProbeID != "p-end" {
+	if f := c3.expect(wire.StreamResumeNone); f.ProbeID != "p-end" {
 		t.Fatalf("probe answer %s", f.raw)
 	}
 }
@@ -395,35 +396,35 @@ func TestFirstProbeCarriesTheTranscript(t *testing.T) {
 		if f := c.handshake(); len(f.Messages) != 1 {
 			t.Fatalf("transcript on connect mid-turn %s", f.raw)
 		}
-		c.expect("cf_agent_stream_resuming")
+		c.expect(wire.StreamResuming)
 	}
 	c3.probe("p3")
-	if f := c3.expect("cf_agent_stream_resuming"); f.ProbeID != "p3" {
+	if f := c3.expect(wire.StreamResuming); f.ProbeID != "p3" {
 		t.Fatalf("live probe answer %s", f.raw)
 	}
 	stop := pump(mclk, delay)
 	c1.until(isDone("req1"))
 	turns.wait(t, "turn", "stream", "req1")
 	stop()
-	ended := func(f wireFrame) bool { return f.Type == "cf_agent_chat_messages" && len(f.Messages) == 2 }
+	ended := func(f wireFrame) bool { return f.Type == wire.ChatMessages && len(f.Messages) == 2 }
 	c2.until(ended) // the broadcast at the turn's end, which c2's chat missed
 	c3.until(ended)
 
 	c2.probe("p2")
-	f := c2.expect("cf_agent_chat_messages")
+	f := c2.expect(wire.ChatMessages)
 	if len(f.Messages) != 2 || f.Messages[0].ID != "u1" || f.Messages[1].Role != message.RoleAssistant ||
 		!strings.Contains(dump(f.Messages[1:]), "You said: hello there") || f.Connect {
 		t.Fatalf("transcript before the first idle answer %s", f.raw)
 	}
-	if f := c2.expect("cf_agent_stream_resume_none"); f.Reason != "idle" || f.ProbeID != "p2" {
+	if f := c2.expect(wire.StreamResumeNone); f.Reason != "idle" || f.ProbeID != "p2" {
 		t.Fatalf("idle probe answer %s", f.raw)
 	}
 	c2.probe("p2-again")
-	if f := c2.expect("cf_agent_stream_resume_none"); f.ProbeID != "p2-again" {
+	if f := c2.expect(wire.StreamResumeNone); f.ProbeID != "p2-again" {
 		t.Fatalf("second probe answer %s", f.raw)
 	}
 	c3.probe("p3-idle")
-	if f := c3.expect("cf_agent_stream_resume_none"); f.ProbeID != "p3-idle" {
+	if f := c3.expect(wire.StreamResumeNone); f.ProbeID != "p3-idle" {
 		t.Fatalf("idle probe after a live one %s", f.raw)
 	}
 }
@@ -449,8 +450,8 @@ func TestClearDuringTurn(t *testing.T) {
 	step(t, mclk, delay)
 	c1.until(func(f wireFrame) bool { return f.isContent() && *f.Seq == 4 })
 
-	c1.send(map[string]any{"type": "cf_agent_chat_clear"})
-	c2.until(func(f wireFrame) bool { return f.Type == "cf_agent_chat_clear" })
+	c1.send(map[string]any{"type": wire.ChatClear})
+	c2.until(func(f wireFrame) bool { return f.Type == wire.ChatClear })
 	var res chat.TurnResult
 	select {
 	case res = <-k.ended:
@@ -495,20 +496,20 @@ func TestClientTranscriptReplacement(t *testing.T) {
 	// c1's chat listens (its first probe, answered idle, carries the
 	// transcript; see TestFirstProbeCarriesTheTranscript).
 	c1.probe("p0")
-	c1.expect("cf_agent_chat_messages")
-	c1.expect("cf_agent_stream_resume_none")
+	c1.expect(wire.ChatMessages)
+	c1.expect(wire.StreamResumeNone)
 	msgs := []message.Message{
 		userMsgID("m1", "question"),
 		{ID: "m2", Role: message.RoleAssistant, Parts: []message.Part{{Type: message.PartText, Text: "answer"}}},
 	}
-	c1.send(map[string]any{"type": "cf_agent_chat_messages", "messages": msgs})
-	f := c2.expect("cf_agent_chat_messages")
+	c1.send(map[string]any{"type": wire.ChatMessages, "messages": msgs})
+	f := c2.expect(wire.ChatMessages)
 	if dump(f.Messages) != dump(msgs) || f.Messages[0].ID != "m1" || f.Messages[1].ID != "m2" {
 		t.Fatalf("broadcast transcript %s", f.raw)
 	}
 	// Not echoed to the sender: its next frame answers its probe.
 	c1.probe("p")
-	c1.expect("cf_agent_stream_resume_none")
+	c1.expect(wire.StreamResumeNone)
 
 	a := getChat(t, env.RT, "Bot", "replace")
 	var ids []string
@@ -547,12 +548,12 @@ func TestClientToolResult(t *testing.T) {
 		{Type: message.PartStepStart},
 		{Type: "tool-getLocation", ToolCallID: "call_loc", State: message.StateInputAvailable, Input: json.RawMessage(`{}`)},
 	}}
-	c1.send(map[string]any{"type": "cf_agent_chat_messages", "messages": []message.Message{userMsgID("u1", "where am I?"), asst}})
-	c2.expect("cf_agent_chat_messages")
-	c1.send(map[string]any{"type": "cf_agent_tool_result", "toolCallId": "call_loc", "toolName": "getLocation",
+	c1.send(map[string]any{"type": wire.ChatMessages, "messages": []message.Message{userMsgID("u1", "where am I?"), asst}})
+	c2.expect(wire.ChatMessages)
+	c1.send(map[string]any{"type": wire.ToolResult, "toolCallId": "call_loc", "toolName": "getLocation",
 		"output": map[string]any{"city": "Paris"}, "autoContinue": false})
 	for name, c := range map[string]*wsClient{"sender": c1, "other": c2} {
-		f := c.expect("cf_agent_message_updated")
+		f := c.expect(wire.MessageUpdated)
 		if f.Message == nil || f.Message.ID != "a1" {
 			t.Fatalf("%s: update %s", name, f.raw)
 		}
@@ -577,8 +578,8 @@ func TestClientToolResult(t *testing.T) {
 		t.Fatalf("stored part %+v", p)
 	}
 	// An unknown call id is refused.
-	c1.send(map[string]any{"type": "cf_agent_tool_result", "toolCallId": "nope", "output": 1})
-	if f := c1.next(); f.Type == "cf_agent_message_updated" {
+	c1.send(map[string]any{"type": wire.ToolResult, "toolCallId": "nope", "output": 1})
+	if f := c1.next(); f.Type == wire.MessageUpdated {
 		t.Fatalf("unknown tool call updated a message: %s", f.raw)
 	}
 }

@@ -6,12 +6,7 @@ import (
 	"fmt"
 
 	"github.com/agentry/agentry/chat/message"
-)
-
-// Frames that answer a turn's waiting tool calls.
-const (
-	frameToolResult   = "cf_agent_tool_result"
-	frameToolApproval = "cf_agent_tool_approval"
+	"github.com/agentry/agentry/wire"
 )
 
 // AddToolOutput answers a client-side tool's call toolCallID with output,
@@ -30,7 +25,7 @@ func (ch *Chat) AddToolOutput(ctx context.Context, toolCallID, toolName string, 
 		ToolName     string          `json:"toolName"`
 		Output       json.RawMessage `json:"output"`
 		AutoContinue bool            `json:"autoContinue"`
-	}{frameToolResult, toolCallID, toolName, raw, true}); err != nil {
+	}{wire.ToolResult, toolCallID, toolName, raw, true}); err != nil {
 		return nil, fmt.Errorf("client: tool output: %w", err)
 	}
 	return ch.Resume(ctx)
@@ -46,7 +41,7 @@ func (ch *Chat) AddToolApprovalResponse(ctx context.Context, toolCallID string, 
 		ToolCallID   string `json:"toolCallId"`
 		Approved     bool   `json:"approved"`
 		AutoContinue bool   `json:"autoContinue"`
-	}{frameToolApproval, toolCallID, approved, true}); err != nil {
+	}{wire.ToolApproval, toolCallID, approved, true}); err != nil {
 		return nil, fmt.Errorf("client: tool approval: %w", err)
 	}
 	return ch.Resume(ctx)

@@ -13,21 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentry/agentry/chat/message"
-)
-
-// Frame types of the chat protocol.
-const (
-	frameChatRequest   = "cf_agent_use_chat_request"
-	frameChatResponse  = "cf_agent_use_chat_response"
-	frameChatMessages  = "cf_agent_chat_messages"
-	frameChatClear     = "cf_agent_chat_clear"
-	frameChatCancel    = "cf_agent_chat_request_cancel"
-	frameResumeRequest = "cf_agent_stream_resume_request"
-	frameResumeAck     = "cf_agent_stream_resume_ack"
-	frameResuming      = "cf_agent_stream_resuming"
-	frameResumeNone    = "cf_agent_stream_resume_none"
-	frameStreamPending = "cf_agent_stream_pending"
-	frameMsgUpdated    = "cf_agent_message_updated"
+	"github.com/agentry/agentry/wire"
 )
 
 // Turn outcomes, as the server reports them on the done frame.
@@ -76,7 +62,7 @@ type Chat struct {
 }
 
 type probeAnswer struct {
-	typ string // frameResuming, frameResumeNone or frameStreamPending
+	typ string // wire.StreamResuming, wire.StreamResumeNone or wire.StreamPending
 	id  string
 }
 
@@ -256,7 +242,7 @@ func (ch *Chat) SendMessage(ctx context.Context, m message.Message) (*Stream, er
 		ID   string `json:"id"`
 		Init init   `json:"init"`
 		Type string `json:"type"`
-	}{id, init{http.MethodPost, string(body)}, frameChatRequest})
+	}{id, init{http.MethodPost, string(body)}, wire.ChatRequest})
 	if err != nil {
 		ch.forget(id)
 		return nil, fmt.Errorf("client: chat send: encode request: %w", err)
@@ -282,7 +268,7 @@ func (ch *Chat) Cancel(ctx context.Context, id string) error {
 	if err := ch.c.Send(ctx, struct {
 		ID   string `json:"id"`
 		Type string `json:"type"`
-	}{id, frameChatCancel}); err != nil {
+	}{id, wire.ChatCancel}); err != nil {
 		return fmt.Errorf("client: chat cancel %s: %w", id, err)
 	}
 	return nil
@@ -296,7 +282,7 @@ func (ch *Chat) Clear(ctx context.Context) error {
 	ch.mu.Unlock()
 	if err := ch.c.Send(ctx, struct {
 		Type string `json:"type"`
-	}{frameChatClear}); err != nil {
+	}{wire.ChatClear}); err != nil {
 		return fmt.Errorf("client: chat clear: %w", err)
 	}
 	return nil
@@ -379,16 +365,16 @@ func (ch *Chat) Resume(ctx context.Context) (*Stream, error) {
 	if err := ch.c.Send(ctx, struct {
 		Type    string `json:"type"`
 		ProbeID string `json:"probeId"`
-	}{frameResumeRequest, probeID}); err != nil {
+	}{wire.StreamResumeRequest, probeID}); err != nil {
 		return nil, fmt.Errorf("client: chat resume: %w", err)
 	}
 	for {
 		select {
 		case a := <-ans:
 			switch a.typ {
-			case frameResumeNone:
+			case wire.StreamResumeNone:
 				return nil, ErrNoStream
-			case frameStreamPending:
+			case wire.StreamPending:
 				ch.mu.Lock()
 				ch.resumeWait = ans
 				ch.mu.Unlock()
@@ -404,7 +390,7 @@ func (ch *Chat) Resume(ctx context.Context) (*Stream, error) {
 			if err := ch.c.Send(ctx, struct {
 				Type string `json:"type"`
 				ID   string `json:"id"`
-			}{frameResumeAck, a.id}); err != nil {
+			}{wire.StreamResumeAck, a.id}); err != nil {
 				ch.forget(a.id)
 				return nil, fmt.Errorf("client: chat resume: %w", err)
 			}

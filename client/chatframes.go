@@ -4,28 +4,15 @@ import (
 	"encoding/json"
 
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/wire"
 )
-
-// responseFrame is a cf_agent_use_chat_response frame.
-type responseFrame struct {
-	ID             string   `json:"id"`
-	Body           string   `json:"body"`
-	Done           bool     `json:"done"`
-	Error          bool     `json:"error"`
-	Continuation   bool     `json:"continuation"`
-	Replay         bool     `json:"replay"`
-	ReplayComplete bool     `json:"replayComplete"`
-	Seq            *int     `json:"seq"`
-	MessageIDs     []string `json:"messageIds"`
-	Outcome        string   `json:"outcome"`
-}
 
 // handleFrame applies one chat frame of the socket sk; other frames are
 // ignored.
 func (ch *Chat) handleFrame(sk *socket, typ string, data []byte) {
 	switch typ {
-	case frameChatResponse:
-		var f responseFrame
+	case wire.ChatResponse:
+		var f wire.ChatResponseFrame
 		if json.Unmarshal(data, &f) != nil {
 			return
 		}
@@ -41,7 +28,7 @@ func (ch *Chat) handleFrame(sk *socket, typ string, data []byte) {
 		if s != nil {
 			s.handle(f)
 		}
-	case frameChatMessages:
+	case wire.ChatMessages:
 		var f struct {
 			Messages []message.Message `json:"messages"`
 		}
@@ -53,12 +40,12 @@ func (ch *Chat) handleFrame(sk *socket, typ string, data []byte) {
 		ch.messages = ch.keepInFlight(f.Messages)
 		ch.markKnown()
 		ch.mu.Unlock()
-	case frameChatClear:
+	case wire.ChatClear:
 		ch.mu.Lock()
 		ch.messages = nil
 		ch.markKnown()
 		ch.mu.Unlock()
-	case frameMsgUpdated:
+	case wire.MessageUpdated:
 		var f struct {
 			Message message.Message `json:"message"`
 		}
@@ -68,7 +55,7 @@ func (ch *Chat) handleFrame(sk *socket, typ string, data []byte) {
 		ch.mu.Lock()
 		replaceMessage(ch.messages, f.Message)
 		ch.mu.Unlock()
-	case frameResuming, frameResumeNone, frameStreamPending:
+	case wire.StreamResuming, wire.StreamResumeNone, wire.StreamPending:
 		var f struct {
 			ID      string `json:"id"`
 			ProbeID string `json:"probeId"`
@@ -81,7 +68,7 @@ func (ch *Chat) handleFrame(sk *socket, typ string, data []byte) {
 		ack := false
 		if s := ch.streams[f.ID]; s != nil {
 			s.accepted = true
-			if f.ProbeID == "" && typ == frameResuming {
+			if f.ProbeID == "" && typ == wire.StreamResuming {
 				// An offer of one of this client's turns: on connect
 				// (resumeAll acknowledges it), or once a turn that was
 				// pending started (acknowledged here).
@@ -91,10 +78,10 @@ func (ch *Chat) handleFrame(sk *socket, typ string, data []byte) {
 		}
 		if f.ProbeID == "" {
 			dst = nil
-			if typ == frameResuming {
+			if typ == wire.StreamResuming {
 				dst = ch.resumeWait
 			}
-		} else if typ == frameStreamPending && dst != nil {
+		} else if typ == wire.StreamPending && dst != nil {
 			// The offer may follow at once, before Resume reads this
 			// answer: it must find the probe waiting for it.
 			ch.resumeWait = dst

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/wire"
 )
 
 // TurnResult is how a chat turn ended.
@@ -99,7 +100,7 @@ func (s *Stream) fail(err error) {
 }
 
 // handle applies one response frame; it runs on the reading goroutine.
-func (s *Stream) handle(f responseFrame) {
+func (s *Stream) handle(f wire.ChatResponseFrame) {
 	var finished *message.Message
 	s.mu.Lock()
 	if s.ended {

@@ -31,6 +31,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/wire"
 )
 
 // Hop is one sub-agent step of the address of an agent instance, as in the
@@ -422,7 +423,7 @@ func (c *Conn) SetState(ctx context.Context, v any) error {
 	if err := c.Send(ctx, struct {
 		State json.RawMessage `json:"state"`
 		Type  string          `json:"type"`
-	}{raw, agent.FrameState}); err != nil {
+	}{raw, wire.State}); err != nil {
 		return fmt.Errorf("client: set state: %w", err)
 	}
 	return nil
@@ -607,13 +608,13 @@ func (c *Conn) dispatch(sk *socket, data []byte) {
 	}
 	ready := false
 	switch h.Type {
-	case agent.FrameIdentity:
+	case wire.Identity:
 		c.mu.Lock()
 		c.identity = Identity{Agent: h.Agent, Name: h.Name}
 		sk.identSeen = true
 		ready = !h.StateFollows
 		c.mu.Unlock()
-	case agent.FrameState:
+	case wire.State:
 		c.mu.Lock()
 		c.state = h.State
 		ready = sk.identSeen
@@ -621,13 +622,13 @@ func (c *Conn) dispatch(sk *socket, data []byte) {
 		if c.opts.OnState != nil {
 			c.opts.OnState(h.State)
 		}
-	case agent.FrameStateError:
+	case wire.StateError:
 		if c.opts.OnStateError != nil {
 			var msg string
 			_ = json.Unmarshal(h.Error, &msg)
 			c.opts.OnStateError(msg)
 		}
-	case agent.FrameRPC:
+	case wire.RPC:
 		c.handleRPC(data)
 	default:
 		c.chat.handleFrame(sk, h.Type, data)

@@ -21,6 +21,7 @@ import (
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/examples/echochat"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -289,7 +290,7 @@ func TestSubscribe(t *testing.T) {
 		first = append(first, f.Type)
 	}})
 	mu.Lock()
-	if len(first) == 0 || first[0] != agent.FrameIdentity {
+	if len(first) == 0 || first[0] != wire.Identity {
 		t.Errorf("first frames = %v, want identity first (before Dial returns)", first)
 	}
 	mu.Unlock()
@@ -299,7 +300,7 @@ func TestSubscribe(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
-	for !seen[agent.FrameRPC] || !seen[agent.FrameState] {
+	for !seen[wire.RPC] || !seen[wire.State] {
 		select {
 		case f := <-sub.C():
 			seen[f.Type] = true
@@ -394,7 +395,7 @@ func TestChatTurn(t *testing.T) {
 	}
 	transcript := make(chan struct{}, 1)
 	c2 := dial(t, env, client.Options{Agent: "EchoChat", Name: "turn", OnFrame: func(f client.Frame) {
-		if f.Type == "cf_agent_chat_messages" {
+		if f.Type == wire.ChatMessages {
 			transcript <- struct{}{}
 		}
 	}})

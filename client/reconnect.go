@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/agentry/agentry/wire"
 	"github.com/jonboulle/clockwork"
 )
 
@@ -102,7 +103,7 @@ type resumeAck struct {
 // write.
 func (c *Conn) goAck(sk *socket, id string) {
 	c.loops.Go(func() {
-		_ = c.sendOn(c.ctx, sk, resumeAck{frameResumeAck, id})
+		_ = c.sendOn(c.ctx, sk, resumeAck{wire.StreamResumeAck, id})
 	})
 }
 
@@ -138,7 +139,7 @@ func (ch *Chat) resumeAll(ctx context.Context) {
 	ch.resuming = true
 	ch.mu.Unlock()
 	for _, id := range acks {
-		if c.sendOn(ctx, sk, resumeAck{frameResumeAck, id}) != nil {
+		if c.sendOn(ctx, sk, resumeAck{wire.StreamResumeAck, id}) != nil {
 			return
 		}
 	}
@@ -163,7 +164,7 @@ func (ch *Chat) resumeAll(ctx context.Context) {
 	if c.sendOn(ctx, sk, struct {
 		Type    string `json:"type"`
 		ProbeID string `json:"probeId"`
-	}{frameResumeRequest, probeID}) != nil {
+	}{wire.StreamResumeRequest, probeID}) != nil {
 		return
 	}
 	var a probeAnswer
@@ -179,10 +180,10 @@ func (ch *Chat) resumeAll(ctx context.Context) {
 		_, still := ch.streams[id]
 		offered := ch.offered[id]
 		ch.mu.Unlock()
-		if !still || offered || (a.typ == frameStreamPending && a.id == id) {
+		if !still || offered || (a.typ == wire.StreamPending && a.id == id) {
 			continue // ended, acknowledged already, or acknowledged when offered
 		}
-		if c.sendOn(ctx, sk, resumeAck{frameResumeAck, id}) != nil {
+		if c.sendOn(ctx, sk, resumeAck{wire.StreamResumeAck, id}) != nil {
 			return
 		}
 	}

@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/agentry/agentry/wire"
 	"github.com/google/uuid"
-
-	"github.com/agentry/agentry/agent"
 )
 
 // RPCError is a call the agent answered with success:false. Message is the
@@ -146,7 +145,7 @@ func (c *Conn) CallStream(ctx context.Context, method string, onChunk func(json.
 		ID     string            `json:"id"`
 		Method string            `json:"method"`
 		Type   string            `json:"type"`
-	}{raw, id, method, agent.FrameRPC}
+	}{raw, id, method, wire.RPC}
 	if err := c.Send(ctx, req); err != nil {
 		forget()
 		return nil, fmt.Errorf("client: rpc %s: %w", method, err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -136,13 +137,13 @@ func (c *client) expectType(typ string) map[string]any {
 // the state (nil when no state frame was sent).
 func (c *client) handshake() (identity map[string]any, state any) {
 	c.t.Helper()
-	identity = c.expectType(agent.FrameIdentity)
+	identity = c.expectType(wire.Identity)
 	if identity["stateFollows"] == true {
-		state = c.expectType(agent.FrameState)["state"]
+		state = c.expectType(wire.State)["state"]
 	} else if _, present := identity["stateFollows"]; present {
 		c.t.Fatalf("identity has stateFollows=%v; it must be absent when no state follows", identity["stateFollows"])
 	}
-	c.expectType(agent.FrameMCPServers)
+	c.expectType(wire.MCPServers)
 	return identity, state
 }
 
@@ -171,7 +172,7 @@ func (c *client) call(method string, args ...any) string {
 	if args == nil {
 		args = []any{}
 	}
-	c.send(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	c.send(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
 	return id
 }
 
@@ -180,7 +181,7 @@ func (c *client) call(method string, args ...any) string {
 func (c *client) rpc(method string, args ...any) map[string]any {
 	c.t.Helper()
 	id := c.call(method, args...)
-	f := c.expectType("rpc")
+	f := c.expectType(wire.RPC)
 	if f["id"] != id {
 		c.t.Fatalf("rpc response %v, want id %s", f, id)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 func startCounter(t *testing.T) *testenv.Env {
@@ -57,10 +58,10 @@ func TestEarlyFrames(t *testing.T) {
 	id := c.call("increment", 1)
 	c.handshake()
 	f := c.next()
-	if f["type"] == agent.FrameState {
+	if f["type"] == wire.State {
 		f = c.next()
 	}
-	if f["type"] != "rpc" || f["id"] != id || f["result"] != 1.0 {
+	if f["type"] != wire.RPC || f["id"] != id || f["result"] != 1.0 {
 		t.Fatalf("early rpc answered %v", f)
 	}
 }
@@ -79,7 +80,7 @@ func TestStateSync(t *testing.T) {
 	jsonEq(t, a.next(), `{"type":"rpc","id":"`+id+`","success":true,"result":2,"done":true}`)
 	jsonEq(t, b.next(), `{"type":"cf_agent_state","state":{"count":2}}`)
 
-	a.send(map[string]any{"type": "cf_agent_state", "state": map[string]any{"count": 42}})
+	a.send(map[string]any{"type": wire.State, "state": map[string]any{"count": 42}})
 	jsonEq(t, b.next(), `{"type":"cf_agent_state","state":{"count":42}}`)
 	// The sender gets no echo: its next frame is the answer to this call.
 	if got := a.ok("get"); got != 42.0 {
@@ -113,7 +114,7 @@ func TestClientStateValidation(t *testing.T) {
 	a := dialHooked(t, env, "v", "a")
 	b := dialHooked(t, env, "v", "b")
 
-	a.send(map[string]any{"type": "cf_agent_state", "state": map[string]any{"bad": true}})
+	a.send(map[string]any{"type": wire.State, "state": map[string]any{"bad": true}})
 	jsonEq(t, a.next(), `{"type":"cf_agent_state_error","error":"State update rejected"}`)
 	// b got nothing: its next frame answers its own call.
 	if got := b.ok("echo", "ping"); got != "ping" {
@@ -133,10 +134,10 @@ func TestClientStateValidation(t *testing.T) {
 	c.expectType("welcome")
 
 	// A frame without a state is refused as well.
-	a.send(map[string]any{"type": "cf_agent_state"})
+	a.send(map[string]any{"type": wire.State})
 	jsonEq(t, a.next(), `{"type":"cf_agent_state_error","error":"State update rejected"}`)
 
-	a.send(map[string]any{"type": "cf_agent_state", "state": map[string]any{"ok": 1}})
+	a.send(map[string]any{"type": wire.State, "state": map[string]any{"ok": 1}})
 	jsonEq(t, b.next(), `{"type":"cf_agent_state","state":{"ok":1}}`)
 	jsonEq(t, c.next(), `{"type":"cf_agent_state","state":{"ok":1}}`)
 	if got := a.ok("echo", "after"); got != "after" {

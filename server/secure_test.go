@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
+	"github.com/agentry/agentry/wire"
 )
 
 // upgradeStatus attempts a WebSocket upgrade of path with an Origin header
@@ -122,7 +123,7 @@ func TestClientStateClosedByDefault(t *testing.T) {
 	b := dial(t, env, "/agents/plain/p?_pk=b")
 	a.handshake()
 	b.handshake()
-	a.send(map[string]any{"type": "cf_agent_state", "state": map[string]any{"count": 1}})
+	a.send(map[string]any{"type": wire.State, "state": map[string]any{"count": 1}})
 	jsonEq(t, a.next(), `{"type":"cf_agent_state_error","error":"State update rejected"}`)
 	if got := b.ok("current"); got != nil {
 		t.Fatalf("state after a refused write = %v", got)

@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
+	"github.com/agentry/agentry/wire"
 )
 
 // Bad client input gets a clear agentry_error frame and the same
@@ -47,7 +48,7 @@ func TestBadInputKeepsConnection(t *testing.T) {
 	for _, tc := range cases {
 		c.sendRaw(tc.typ, []byte(tc.data))
 		f := c.next()
-		if f["type"] != agent.FrameError || f["code"] != tc.code {
+		if f["type"] != wire.Error || f["code"] != tc.code {
 			t.Errorf("%s: got %v, want an agentry_error with code %s", tc.name, f, tc.code)
 			continue
 		}
@@ -229,11 +230,11 @@ func TestLifecycleHooks(t *testing.T) {
 		jsonEq(t, c.next(), `{"type":"echo","data":`+quote(msg)+`}`)
 	}
 	c.sendRaw(websocket.MessageText, []byte("fail please"))
-	if f := c.expectType(agent.FrameError); f["code"] != "message_failed" || f["error"] != "cannot handle that" {
+	if f := c.expectType(wire.Error); f["code"] != "message_failed" || f["error"] != "cannot handle that" {
 		t.Fatalf("OnMessage error answered %v", f)
 	}
 	c.sendRaw(websocket.MessageText, []byte("fail inside"))
-	if f := c.expectType(agent.FrameError); f["code"] != "message_failed" {
+	if f := c.expectType(wire.Error); f["code"] != "message_failed" {
 		t.Fatalf("OnMessage error answered %v", f)
 	} else {
 		h.logs.InternalError(t, f["error"].(string), "secret detail", "in=OnMessage")
@@ -298,8 +299,8 @@ func TestSubAgentRoutes(t *testing.T) {
 	id, _ := c.handshake()
 	jsonEq(t, id, `{"type":"cf_agent_identity","name":"ok-x","agent":"counter"}`)
 	c.call("increment", 5)
-	c.expectType(agent.FrameState)
-	if f := c.expectType("rpc"); f["result"] != 5.0 {
+	c.expectType(wire.State)
+	if f := c.expectType(wire.RPC); f["result"] != 5.0 {
 		t.Fatalf("child increment = %v", f)
 	}
 	if got, _ := env.RT.Call(ctx, parent, "get"); string(got) != "0" {

@@ -395,20 +395,7 @@ func measure(self, url string, n, round int, c config) (res result, err error) {
 	for _, nd := range nodes {
 		addr[nd.id] = nd.addr
 	}
-	// Parents: the first names whose shard each node owns, parents/n per
-	// node; each parent's requests go to its owner.
-	type parent struct{ name, node string }
-	var parents []parent
-	quota := map[string]int{}
-	for i := 0; len(parents) < c.parents && i < 100_000; i++ {
-		name := fmt.Sprintf("p%d-%d-%d", round+1, n, i)
-		o := own[cluster.ShardOf(agent.Root("Assistant", name), cluster.DefaultShards)]
-		if quota[o] >= (c.parents+n-1)/n {
-			continue
-		}
-		quota[o]++
-		parents = append(parents, parent{name, o})
-	}
+	parents := chooseParents(own, n, round, c)
 	var failed atomic.Int64
 	fan := func(tag string, k int) error {
 		var wg sync.WaitGroup
@@ -472,19 +459,9 @@ func measure(self, url string, n, round int, c config) (res result, err error) {
 	res.serverXacts = after.xacts - before.xacts
 	res.heapPerRun = float64(int64(after.heap)-int64(before.heap)) / float64(res.runs)
 	res.spread = after.resident
-	// Idle: heartbeats and lease renewals only.
-	idle0, err := snapshot(ctx, conn, nodes, postmaster, false)
-	if err != nil {
+	if err := measureIdle(ctx, conn, nodes, postmaster, c, &res); err != nil {
 		return res, err
 	}
-	time.Sleep(c.idle)
-	idle1, err := snapshot(ctx, conn, nodes, postmaster, false)
-	if err != nil {
-		return res, err
-	}
-	res.idle = idle1.at.Sub(idle0.at)
-	res.idleNodeCPU, res.idlePGCPU = idle1.nodeCPU-idle0.nodeCPU, idle1.pgCPU-idle0.pgCPU
-	res.idleXacts = idle1.xacts - idle0.xacts - 1 // the snapshot's own read
 	// The timed figures include the settling wait after the runs (and the
 	// stats reads): take the idle cluster's cost of that time off.
 	settled := after.at.Sub(t0) - res.elapsed
@@ -503,6 +480,45 @@ func measure(self, url string, n, round int, c config) (res result, err error) {
 		res.failover = time.Since(t)
 	}
 	return res, nil
+}
+
+// parent is a parent agent of a measurement and the node that owns it.
+type parent struct{ name, node string }
+
+// chooseParents picks the parents of a measurement of n nodes: the first
+// names whose shard each node owns (own), parents/n per node; each
+// parent's requests go to its owner.
+func chooseParents(own map[int]string, n, round int, c config) []parent {
+	var parents []parent
+	quota := map[string]int{}
+	for i := 0; len(parents) < c.parents && i < 100_000; i++ {
+		name := fmt.Sprintf("p%d-%d-%d", round+1, n, i)
+		o := own[cluster.ShardOf(agent.Root("Assistant", name), cluster.DefaultShards)]
+		if quota[o] >= (c.parents+n-1)/n {
+			continue
+		}
+		quota[o]++
+		parents = append(parents, parent{name, o})
+	}
+	return parents
+}
+
+// measureIdle records in res what the idle cluster costs: heartbeats and
+// lease renewals only, over c.idle.
+func measureIdle(ctx context.Context, conn *pgx.Conn, nodes []*node, postmaster int, c config, res *result) error {
+	idle0, err := snapshot(ctx, conn, nodes, postmaster, false)
+	if err != nil {
+		return err
+	}
+	time.Sleep(c.idle)
+	idle1, err := snapshot(ctx, conn, nodes, postmaster, false)
+	if err != nil {
+		return err
+	}
+	res.idle = idle1.at.Sub(idle0.at)
+	res.idleNodeCPU, res.idlePGCPU = idle1.nodeCPU-idle0.nodeCPU, idle1.pgCPU-idle0.pgCPU
+	res.idleXacts = idle1.xacts - idle0.xacts - 1 // the snapshot's own read
+	return nil
 }
 
 // snap is the counters at one moment.

@@ -16,6 +16,7 @@ import (
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/client"
 	"github.com/agentry/agentry/client/agenttools"
+	"github.com/agentry/agentry/wire"
 )
 
 // instance is one Assistant instance and what its users sent and saw, for
@@ -78,7 +79,7 @@ type user struct {
 }
 
 func (u *user) onFrame(f client.Frame) {
-	if f.Type == agenttool.FrameType {
+	if f.Type == wire.AgentToolEvent {
 		u.tr.HandleFrame(f.Data)
 	}
 	select {

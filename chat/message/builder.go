@@ -259,6 +259,23 @@ func (b *Builder) Apply(c Chunk) error {
 			ProviderMetadata: cloneRaw(c.ProviderMetadata),
 		})
 
+	case ChunkToolInputStart, ChunkToolInputDelta, ChunkToolInputAvailable, ChunkToolInputError,
+		ChunkToolApprovalRequest, ChunkToolOutputDenied, ChunkToolOutputAvailable, ChunkToolOutputError:
+		return b.applyTool(c)
+
+	default:
+		if c.IsData() {
+			b.applyData(c)
+		}
+		// "error", "abort" and unknown chunk types do not change the
+		// message.
+	}
+	return nil
+}
+
+// applyTool applies a chunk of a tool call (Apply's tool-* cases).
+func (b *Builder) applyTool(c Chunk) error {
+	switch c.Type {
 	case ChunkToolInputStart:
 		if b.partialTools == nil {
 			b.partialTools = make(map[string]*partialToolCall)
@@ -381,13 +398,6 @@ func (b *Builder) Apply(c Chunk) error {
 			u.rawInput = p.RawInput
 		}
 		b.upsertTool(u, i)
-
-	default:
-		if c.IsData() {
-			b.applyData(c)
-		}
-		// "error", "abort" and unknown chunk types do not change the
-		// message.
 	}
 	return nil
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/wire"
 )
 
 // Reserved data parts of a child's stream.
@@ -164,7 +165,7 @@ func Apply(s State, f agenttool.Frame) State { return ApplyAt(s, f, time.Now()) 
 //     error, aborted and interrupted; terminal to terminal is allowed (an
 //     interrupted run that finishes later becomes completed).
 func ApplyAt(s State, f agenttool.Frame, now time.Time) State {
-	if f.Type != agenttool.FrameType || f.Event.RunID == "" {
+	if f.Type != wire.AgentToolEvent || f.Event.RunID == "" {
 		return s
 	}
 	ev := f.Event

@@ -12,6 +12,7 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/client/agenttools"
+	"github.com/agentry/agentry/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -25,7 +26,7 @@ func frame(seq int64, ev agenttool.Event, parent ...string) agenttool.Frame {
 	if len(parent) > 0 {
 		p = parent[0]
 	}
-	return agenttool.Frame{Type: agenttool.FrameType, ParentToolCallID: p, Sequence: seq, Event: ev}
+	return agenttool.Frame{Type: wire.AgentToolEvent, ParentToolCallID: p, Sequence: seq, Event: ev}
 }
 
 func started(runID string, order int) agenttool.Event {
@@ -325,7 +326,7 @@ func TestReducerRules(t *testing.T) {
 	})
 	t.Run("other frame types are ignored", func(t *testing.T) {
 		f := frame(0, started("r", 0))
-		f.Type = "rpc"
+		f.Type = wire.RPC
 		if s := agenttools.ApplyAt(agenttools.State{}, f, clock); len(s.RunsByID) != 0 {
 			t.Errorf("runs = %v", s.RunsByID)
 		}

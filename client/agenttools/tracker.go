@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/wire"
 )
 
 // Tracker follows the agent-tool runs of one parent connection, as the npm
@@ -52,7 +53,7 @@ func (t *Tracker) HandleFrame(data []byte) bool {
 // (parentToolCallId, runId, sequence) was applied before. It reports
 // whether the frame was new.
 func (t *Tracker) Apply(f agenttool.Frame) bool {
-	if f.Type != agenttool.FrameType || f.Event.RunID == "" {
+	if f.Type != wire.AgentToolEvent || f.Event.RunID == "" {
 		return false
 	}
 	k := dedupeKey{f.ParentToolCallID, f.Event.RunID, f.Sequence}

@@ -19,13 +19,6 @@ import (
 	"github.com/agentry/agentry/client/agenttools"
 )
 
-// Chat frames the terminal renders (the client package keeps its own
-// names unexported).
-const (
-	frameChatResponse = "cf_agent_use_chat_response"
-	frameChatMessages = "cf_agent_chat_messages"
-)
-
 // Frames the chat command queues itself, in order with the server's: the
 // socket was lost (Data is the error text as JSON), a new one is up.
 const (

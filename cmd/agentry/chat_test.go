@@ -16,6 +16,7 @@ import (
 	"github.com/agentry/agentry/client/agenttools"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // TestChatResearch asks a research question: the answer streams, and the
@@ -105,11 +106,11 @@ func TestScreenTTY(t *testing.T) {
 	summary := "Done.\nMore."
 	feed := func(seq int64, ev agenttool.Event) {
 		t.Helper()
-		data, err := json.Marshal(agenttool.Frame{Type: agenttool.FrameType, ParentToolCallID: "call-1", Sequence: seq, Event: ev})
+		data, err := json.Marshal(agenttool.Frame{Type: wire.AgentToolEvent, ParentToolCallID: "call-1", Sequence: seq, Event: ev})
 		if err != nil {
 			t.Fatal(err)
 		}
-		scr.handle(client.Frame{Type: agenttool.FrameType, Data: data})
+		scr.handle(client.Frame{Type: wire.AgentToolEvent, Data: data})
 	}
 	progress := func(f float64, phase string) string {
 		b, _ := json.Marshal(map[string]any{"type": agenttools.ProgressPart, "transient": true,
@@ -123,11 +124,11 @@ func TestScreenTTY(t *testing.T) {
 	feed(3, agenttool.Event{Kind: "finished", RunID: "r1", Summary: &summary})
 	chunk := func(body string, done bool) {
 		t.Helper()
-		data, err := json.Marshal(map[string]any{"type": frameChatResponse, "id": "turn-1", "body": body, "done": done})
+		data, err := json.Marshal(map[string]any{"type": wire.ChatResponse, "id": "turn-1", "body": body, "done": done})
 		if err != nil {
 			t.Fatal(err)
 		}
-		scr.handle(client.Frame{Type: frameChatResponse, Data: data})
+		scr.handle(client.Frame{Type: wire.ChatResponse, Data: data})
 	}
 	chunk(`{"type":"text-delta","id":"t","delta":"Tides "}`, false)
 	chunk(`{"type":"text-delta","id":"t","delta":"turn."}`, false)

@@ -15,6 +15,7 @@ import (
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/client"
 	"github.com/agentry/agentry/client/agenttools"
+	"github.com/agentry/agentry/wire"
 )
 
 // screen renders a chat session: the assistant's text as it streams, a
@@ -177,12 +178,12 @@ func (s *screen) handle(f client.Frame) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch f.Type {
-	case agenttool.FrameType:
+	case wire.AgentToolEvent:
 		var af agenttool.Frame
 		if json.Unmarshal(f.Data, &af) == nil && s.tr.Apply(af) {
 			s.renderRun(af.Event.RunID, af.Replay)
 		}
-	case frameChatResponse:
+	case wire.ChatResponse:
 		var r struct {
 			ID      string `json:"id"`
 			Body    string `json:"body"`
@@ -210,7 +211,7 @@ func (s *screen) handle(f client.Frame) {
 		s.lineLocked("connection lost (" + msg + "); reconnecting…")
 	case frameReconnected:
 		s.lineLocked("reconnected")
-	case frameChatMessages:
+	case wire.ChatMessages:
 		var m struct {
 			Messages []message.Message `json:"messages"`
 		}

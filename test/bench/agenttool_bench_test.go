@@ -22,6 +22,7 @@ import (
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store/postgres"
 	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/wire"
 )
 
 // The agent-tool benchmarks mirror /work/shared/bench/cf-reference: the
@@ -508,7 +509,7 @@ func benchReplay(b *testing.B, n, queue int) {
 				}
 				b.Fatalf("after %d of %d replay frames: %v", frames, want, err)
 			}
-			if frameType(data) != agenttool.FrameType {
+			if frameType(data) != wire.AgentToolEvent {
 				other++
 				continue
 			}
@@ -547,7 +548,7 @@ func BenchmarkAgentToolProgress(b *testing.B) {
 	e := startToolEnv(b, k)
 	ctx := context.Background()
 	p := getParent(b, e, "progress")
-	c, err := dialUntil(ctx, e.url("/agents/assistant/progress"), "cf_agent_mcp_servers")
+	c, err := dialUntil(ctx, e.url("/agents/assistant/progress"), wire.MCPServers)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -570,7 +571,7 @@ func BenchmarkAgentToolProgress(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if frameType(data) != agenttool.FrameType || !bytes.Contains(data, runKey) {
+			if frameType(data) != wire.AgentToolEvent || !bytes.Contains(data, runKey) {
 				continue
 			}
 			if bytes.Contains(data, []byte(`data-agent-progress`)) {

@@ -30,6 +30,7 @@ import (
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/postgres"
 	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/wire"
 )
 
 // ---------------------------------------------------------------------------
@@ -252,7 +253,7 @@ func getChatAgent(b *testing.B, e *benchEnv, class, name string) *benchChat {
 // chatRequestFrame is the cf_agent_use_chat_request of the npm clients.
 func chatRequestFrame(id string, msgs ...message.Message) []byte {
 	body, _ := json.Marshal(map[string]any{"messages": msgs, "trigger": "submit-message"})
-	f, _ := json.Marshal(map[string]any{"type": "cf_agent_use_chat_request", "id": id,
+	f, _ := json.Marshal(map[string]any{"type": wire.ChatRequest, "id": id,
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 	return f
 }
@@ -283,7 +284,7 @@ func BenchmarkChatFirstChunk(b *testing.B) {
 func benchFirstChunkWS(b *testing.B) {
 	e := startBenchEnv(b, []agent.Class{chatClassOf("EchoChat", echoModel())}, false)
 	ctx := context.Background()
-	c, err := dialUntil(ctx, e.url("/agents/echo-chat/first"), "cf_agent_chat_messages")
+	c, err := dialUntil(ctx, e.url("/agents/echo-chat/first"), wire.ChatMessages)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -307,7 +308,7 @@ func benchFirstChunkWS(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if frameType(data) != "cf_agent_use_chat_response" || !bytes.Contains(data, idKey) {
+			if frameType(data) != wire.ChatResponse || !bytes.Contains(data, idKey) {
 				continue
 			}
 			now := time.Since(t0)
@@ -448,7 +449,7 @@ func (w *streamWatcher) read() {
 			w.mu.Unlock()
 			return
 		}
-		if frameType(data) != "cf_agent_use_chat_response" {
+		if frameType(data) != wire.ChatResponse {
 			continue
 		}
 		w.mu.Lock()
@@ -470,7 +471,7 @@ func benchChatStream(b *testing.B, clients int) {
 	a := getChatAgent(b, e, "Streamer", "s1")
 	ws := make([]*streamWatcher, clients)
 	for i := range ws {
-		c, err := dialUntil(ctx, e.url("/agents/streamer/s1"), "cf_agent_chat_messages")
+		c, err := dialUntil(ctx, e.url("/agents/streamer/s1"), wire.ChatMessages)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // BenchmarkRPC measures RPC round trips over real WebSockets to the server
@@ -125,7 +126,7 @@ func dialRPC(ctx context.Context, url string) (*rpcClient, error) {
 			c.CloseNow()
 			return nil, err
 		}
-		if f.Type == "cf_agent_mcp_servers" {
+		if f.Type == wire.MCPServers {
 			return &rpcClient{c: c}, nil
 		}
 	}
@@ -147,7 +148,7 @@ func (c *rpcClient) call(ctx context.Context, method string, args []any) (json.R
 	if args == nil {
 		args = []any{}
 	}
-	req, err := json.Marshal(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	req, err := json.Marshal(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +164,7 @@ func (c *rpcClient) call(ctx context.Context, method string, args []any) (json.R
 		if err := json.Unmarshal(data, &r); err != nil {
 			return nil, err
 		}
-		if r.Type != "rpc" || r.ID != id {
+		if r.Type != wire.RPC || r.ID != id {
 			continue // a state broadcast
 		}
 		if !r.Success {

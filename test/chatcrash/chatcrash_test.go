@@ -17,6 +17,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/wire"
 )
 
 // agentry is cmd/agentry, built once.
@@ -51,7 +52,7 @@ type frame struct {
 }
 
 func (f frame) content() bool {
-	return f.Type == "cf_agent_use_chat_response" && !f.Done && !f.ReplayComplete && f.Body != "" && f.Seq != nil
+	return f.Type == wire.ChatResponse && !f.Done && !f.ReplayComplete && f.Body != "" && f.Seq != nil
 }
 
 // client reads the frames of one connection in order.
@@ -117,11 +118,11 @@ func TestKillDuringSlowTurn(t *testing.T) {
 
 	s1 := serve(t, data)
 	c1 := dial(t, "ws://"+s1.Host+path)
-	c1.until(func(f frame) bool { return f.Type == "cf_agent_chat_messages" && f.Connect })
+	c1.until(func(f frame) bool { return f.Type == wire.ChatMessages && f.Connect })
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": []message.Message{{
 		ID: "crash-user-1", Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: question}},
 	}}})
-	c1.send(map[string]any{"type": "cf_agent_use_chat_request", "id": reqID,
+	c1.send(map[string]any{"type": wire.ChatRequest, "id": reqID,
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 	chunks := 0
 	c1.until(func(f frame) bool {
@@ -138,23 +139,23 @@ func TestKillDuringSlowTurn(t *testing.T) {
 
 	s2 := serve(t, data)
 	c2 := dial(t, "ws://"+s2.Host+path)
-	c2.until(func(f frame) bool { return f.Type == "cf_agent_chat_messages" && f.Connect })
-	c2.send(map[string]any{"type": "cf_agent_stream_resume_request", "probeId": "probe-1"})
+	c2.until(func(f frame) bool { return f.Type == wire.ChatMessages && f.Connect })
+	c2.send(map[string]any{"type": wire.StreamResumeRequest, "probeId": "probe-1"})
 	answer := c2.until(func(f frame) bool {
-		return f.ProbeID == "probe-1" || f.Type == "cf_agent_stream_resuming"
+		return f.ProbeID == "probe-1" || f.Type == wire.StreamResuming
 	})
 	offer := answer[len(answer)-1]
 	var resumed []frame
 	switch offer.Type {
-	case "cf_agent_stream_resuming", "cf_agent_stream_pending":
-		if offer.Type == "cf_agent_stream_pending" {
-			offer = c2.until(func(f frame) bool { return f.Type == "cf_agent_stream_resuming" })[0]
+	case wire.StreamResuming, wire.StreamPending:
+		if offer.Type == wire.StreamPending {
+			offer = c2.until(func(f frame) bool { return f.Type == wire.StreamResuming })[0]
 		}
 		if offer.ID != reqID {
 			t.Fatalf("offered stream %s, want %s", offer.ID, reqID)
 		}
-		c2.send(map[string]any{"type": "cf_agent_stream_resume_ack", "id": reqID})
-		resumed = c2.until(func(f frame) bool { return f.Type == "cf_agent_use_chat_response" && f.ID == reqID && f.Done })
+		c2.send(map[string]any{"type": wire.StreamResumeAck, "id": reqID})
+		resumed = c2.until(func(f frame) bool { return f.Type == wire.ChatResponse && f.ID == reqID && f.Done })
 	default:
 		t.Fatalf("the restarted server offered nothing to resume: %s\n%s", offer.raw, s2.Log())
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/cluster"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // startWith starts node id with extra server flags.
@@ -193,17 +194,9 @@ func TestRemoteDetachedRecoveryAfterParentRestart(t *testing.T) {
 	}
 }
 
-// frame is the part of a server frame the tests read.
-type frame struct {
-	Type     string          `json:"type"`
-	Sequence int64           `json:"sequence"`
-	Messages json.RawMessage `json:"messages"`
-	Event    struct {
-		Kind  string `json:"kind"`
-		RunID string `json:"runId"`
-		Body  string `json:"body"`
-	} `json:"event"`
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
 // signalOf names a chunk body that is progress ("p:<fraction>") or a
 // milestone ("m:<name>"), or returns "".
@@ -257,7 +250,7 @@ func TestRemoteProgressReachesParent(t *testing.T) {
 				return
 			}
 			var f frame
-			if json.Unmarshal(data, &f) == nil && f.Type == "agent-tool-event" {
+			if json.Unmarshal(data, &f) == nil && f.Type == wire.AgentToolEvent {
 				frames <- f
 			}
 		}
@@ -367,7 +360,7 @@ func TestRemoteDrillIn(t *testing.T) {
 			t.Fatalf("the child's socket ended before its transcript: %v", err)
 		}
 		var f frame
-		if json.Unmarshal(data, &f) == nil && f.Type == "cf_agent_chat_messages" {
+		if json.Unmarshal(data, &f) == nil && f.Type == wire.ChatMessages {
 			if !strings.Contains(string(f.Messages), "done done") {
 				t.Errorf("child transcript %s", f.Messages)
 			}
@@ -406,15 +399,15 @@ func TestRemoteDrillIn(t *testing.T) {
 			continue
 		}
 		switch f.Type {
-		case "cf_agent_stream_resuming":
-			ack, _ := json.Marshal(map[string]string{"type": "cf_agent_stream_resume_ack", "id": f.ID})
+		case wire.StreamResuming:
+			ack, _ := json.Marshal(map[string]string{"type": wire.StreamResumeAck, "id": f.ID})
 			if err := ws.Write(ctx, websocket.MessageText, ack); err != nil {
 				t.Fatal(err)
 			}
-		case "cf_agent_use_chat_response":
+		case wire.ChatResponse:
 			stream.WriteString(f.Body)
 			done = f.Done
-		case "cf_agent_chat_messages":
+		case wire.ChatMessages:
 			if strings.Contains(string(data), "finished the work") && stream.Len() == 0 {
 				t.Fatalf("the run ended before the socket connected: the test's child is too fast")
 			}

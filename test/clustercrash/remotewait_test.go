@@ -19,6 +19,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/cluster"
+	"github.com/agentry/agentry/wire"
 )
 
 // socket records every frame of a WebSocket client.
@@ -51,7 +52,7 @@ func dialSocket(t *testing.T, ctx context.Context, url string) *socket {
 			_ = json.Unmarshal(data, &f)
 			s.mu.Lock()
 			s.raw = append(s.raw, string(data))
-			if f.Type == "agent-tool-event" {
+			if f.Type == wire.AgentToolEvent {
 				s.frames = append(s.frames, f)
 			}
 			close(s.changed)
@@ -237,12 +238,12 @@ func TestRemoteWaitForInput(t *testing.T) {
 		done := startRun(t, b.Host, name, "Pub", run)
 		call := parent.waitingCallOf(ctx, run, "tool-approval-request")
 		if i == 0 {
-			parent.send(ctx, map[string]any{"type": "agent_tool_approval", "runId": "nope", "toolCallId": call, "approved": true})
+			parent.send(ctx, map[string]any{"type": wire.AgentToolApproval, "runId": "nope", "toolCallId": call, "approved": true})
 			parent.wait(ctx, "the refusal of an unknown run", func(raw []string, _ []frame) bool {
 				return index(raw, "unknown_run") >= 0
 			})
 		}
-		parent.send(ctx, map[string]any{"type": "agent_tool_approval", "runId": run, "toolCallId": call, "approved": tc.approved})
+		parent.send(ctx, map[string]any{"type": wire.AgentToolApproval, "runId": run, "toolCallId": call, "approved": tc.approved})
 		res := <-done
 		check(run, res, tc.summary, parent.ended(ctx, run), tc.marker)
 	}
@@ -252,11 +253,11 @@ func TestRemoteWaitForInput(t *testing.T) {
 	done := startRun(t, b.Host, name, "Clock", run)
 	call := parent.waitingCallOf(ctx, run, "tool-input-available")
 	// An approval is not what this call waits for (refused on c, 409).
-	parent.send(ctx, map[string]any{"type": "agent_tool_approval", "runId": run, "toolCallId": call, "approved": true})
+	parent.send(ctx, map[string]any{"type": wire.AgentToolApproval, "runId": run, "toolCallId": call, "approved": true})
 	parent.wait(ctx, "the refusal of a wrong answer", func(raw []string, _ []frame) bool {
 		return index(raw, "tool_call_not_waiting") >= 0
 	})
-	parent.send(ctx, map[string]any{"type": "agent_tool_result", "runId": run, "toolCallId": call, "output": map[string]any{"time": "10:42"}})
+	parent.send(ctx, map[string]any{"type": wire.AgentToolResult, "runId": run, "toolCallId": call, "output": map[string]any{"time": "10:42"}})
 	check(run, <-done, `the time is {"time":"10:42"}`, parent.ended(ctx, run), `"delta":"the time"`)
 
 	// The drill-in chat, through b: routed to c, the child's owner.
@@ -264,7 +265,7 @@ func TestRemoteWaitForInput(t *testing.T) {
 	done = startRun(t, b.Host, name, "Pub", run)
 	call = parent.waitingCallOf(ctx, run, "tool-approval-request")
 	drill := dialSocket(t, ctx, "ws://"+b.Host+"/agents/fan/"+name+"/sub/pub/"+run+"?drill=yes")
-	drill.send(ctx, map[string]any{"type": "cf_agent_tool_approval", "toolCallId": call, "approved": true, "autoContinue": true})
+	drill.send(ctx, map[string]any{"type": wire.ToolApproval, "toolCallId": call, "approved": true, "autoContinue": true})
 	check(run, <-done, "published t", parent.ended(ctx, run), `"type":"tool-output-available"`)
 
 	// The node call itself.

@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 
 	_ "modernc.org/sqlite" // the test reads the server's database file directly
 )
@@ -56,18 +57,9 @@ func (s *server) term() {
 	s.t.Logf("clean shutdown took %v", time.Since(start))
 }
 
-// frame is the part of a server frame the tests look at.
-type frame struct {
-	Type    string          `json:"type"`
-	Name    string          `json:"name"`
-	Agent   string          `json:"agent"`
-	State   json.RawMessage `json:"state"`
-	ID      string          `json:"id"`
-	Success bool            `json:"success"`
-	Result  json.RawMessage `json:"result"`
-	Done    *bool           `json:"done"`
-	Error   string          `json:"error"`
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
 type counterState struct {
 	Count *int `json:"count"`
@@ -108,18 +100,18 @@ func dial(t *testing.T, s *server, name string) (*client, int) {
 		frame
 		StateFollows bool `json:"stateFollows"`
 	}
-	if err := json.Unmarshal(id.raw, &head); err != nil || head.Type != "cf_agent_identity" || head.Name != name || head.Agent != "counter" {
+	if err := json.Unmarshal(id.raw, &head); err != nil || head.Type != wire.Identity || head.Name != name || head.Agent != "counter" {
 		t.Fatalf("first frame = %s; want cf_agent_identity of counter %q", id.raw, name)
 	}
 	count := -1
 	if head.StateFollows {
 		st := cl.read(ctx)
-		if st.Type != "cf_agent_state" {
+		if st.Type != wire.State {
 			t.Fatalf("frame after identity with stateFollows = %s; want cf_agent_state", st.raw)
 		}
 		count = countOf(t, st.State)
 	}
-	if mcp := cl.read(ctx); mcp.Type != "cf_agent_mcp_servers" {
+	if mcp := cl.read(ctx); mcp.Type != wire.MCPServers {
 		t.Fatalf("connect frame = %s; want cf_agent_mcp_servers", mcp.raw)
 	}
 	return cl, count
@@ -165,7 +157,7 @@ func (cl *client) call(method string, args ...any) json.RawMessage {
 	if args == nil {
 		args = []any{}
 	}
-	req, _ := json.Marshal(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	req, _ := json.Marshal(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := cl.c.Write(ctx, websocket.MessageText, req); err != nil {
@@ -173,7 +165,7 @@ func (cl *client) call(method string, args ...any) json.RawMessage {
 	}
 	for {
 		f := cl.read(ctx)
-		if f.Type != "rpc" || f.ID != id {
+		if f.Type != wire.RPC || f.ID != id {
 			continue
 		}
 		if !f.Success {
@@ -205,7 +197,7 @@ func (cl *client) waitCount(want int, timeout time.Duration) {
 		if err := json.Unmarshal(data, &f); err != nil {
 			cl.t.Fatalf("frame %s is not JSON: %v", data, err)
 		}
-		if f.Type != "cf_agent_state" {
+		if f.Type != wire.State {
 			continue
 		}
 		switch got := countOf(cl.t, f.State); {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // serverBin is test/detachedcrash/server, built once.
@@ -36,19 +37,9 @@ func start(t *testing.T, data string) *testenv.Process {
 	return testenv.StartProcess(t, waitLimit, serverBin.Path(t), "--addr", "127.0.0.1:0", "--data", data, "--delay", "100ms")
 }
 
-// frame is what the test reads of a server frame.
-type frame struct {
-	Type     string          `json:"type"`
-	ID       string          `json:"id"`
-	Success  bool            `json:"success"`
-	Result   json.RawMessage `json:"result"`
-	Error    string          `json:"error"`
-	Sequence int64           `json:"sequence"`
-	Event    struct {
-		Kind  string `json:"kind"`
-		RunID string `json:"runId"`
-	} `json:"event"`
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
 // client is a WebSocket connection to the parent that records frames.
 type client struct {
@@ -69,13 +60,13 @@ func (c *client) call(ctx context.Context, method string, out any) {
 	c.t.Helper()
 	c.nextID++
 	id := fmt.Sprint("call-", c.nextID)
-	if err := c.ws.SendContext(ctx, map[string]any{"type": "rpc", "id": id, "method": method, "args": []any{}}); err != nil {
+	if err := c.ws.SendContext(ctx, map[string]any{"type": wire.RPC, "id": id, "method": method, "args": []any{}}); err != nil {
 		c.t.Fatalf("rpc %s: %v", method, err)
 	}
 	var hit *frame
 	_, err := c.ws.Wait(ctx, func(fs []testenv.Frame[frame]) bool {
 		for i := range fs {
-			if f := fs[i].Value; fs[i].Err == nil && f.Type == "rpc" && f.ID == id {
+			if f := fs[i].Value; fs[i].Err == nil && f.Type == wire.RPC && f.ID == id {
 				hit = &f
 			}
 		}
@@ -96,7 +87,7 @@ func (c *client) call(ctx context.Context, method string, out any) {
 func events(fs []testenv.Frame[frame]) int {
 	n := 0
 	for _, f := range fs {
-		if f.Err == nil && f.Value.Type != "rpc" {
+		if f.Err == nil && f.Value.Type != wire.RPC {
 			n++
 		}
 	}
@@ -129,7 +120,7 @@ func (c *client) until(ctx context.Context, what string, cond func() bool) {
 func (c *client) chunks(runID string) int {
 	n := 0
 	for _, fr := range c.ws.Frames() {
-		if f := fr.Value; fr.Err == nil && f.Type == "agent-tool-event" && f.Event.RunID == runID && f.Event.Kind == "chunk" {
+		if f := fr.Value; fr.Err == nil && f.Type == wire.AgentToolEvent && f.Event.RunID == runID && f.Event.Kind == "chunk" {
 			n++
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/agentry/agentry/examples/echochat"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
+	"github.com/agentry/agentry/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -100,7 +101,7 @@ func chatTurn(t *testing.T, c *websocket.Conn, history []message.Message, id, te
 	msgs := append(append([]message.Message(nil), history...), message.Message{
 		ID: "u-" + id, Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: text}}})
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": msgs})
-	req, _ := json.Marshal(map[string]any{"type": "cf_agent_use_chat_request", "id": id,
+	req, _ := json.Marshal(map[string]any{"type": wire.ChatRequest, "id": id,
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -126,7 +127,7 @@ func chatTurn(t *testing.T, c *websocket.Conn, history []message.Message, id, te
 		if err := json.Unmarshal(data, &f); err != nil {
 			t.Fatalf("bystander frame %s: %v", data, err)
 		}
-		if f.Type != "cf_agent_use_chat_response" || f.ID != id {
+		if f.Type != wire.ChatResponse || f.ID != id {
 			continue
 		}
 		if f.Error {

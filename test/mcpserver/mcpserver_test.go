@@ -15,6 +15,7 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/client"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 var agentry = &testenv.Binary{Pkg: "github.com/agentry/agentry/cmd/agentry", Race: testenv.Race}
@@ -53,7 +54,7 @@ func TestTypeScriptClient(t *testing.T) {
 	ended := make(chan struct{}, 16)
 	conn, err := client.Dial(context.Background(), client.Options{Host: srv.Host, Agent: "Assistant", Name: "default",
 		OnFrame: func(f client.Frame) {
-			if f.Type != agenttool.FrameType {
+			if f.Type != wire.AgentToolEvent {
 				return
 			}
 			var fr agenttool.Frame

@@ -21,6 +21,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/wire"
 )
 
 // serverBin is test/recoverycrash/server, built once (with -race when the
@@ -95,7 +96,7 @@ type run struct {
 func runOf(fs []testenv.Frame[frame], known map[string]bool) run {
 	r := run{parts: map[string]bool{}}
 	for _, f := range fs {
-		if f.Value.Type != agenttool.FrameType {
+		if f.Value.Type != wire.AgentToolEvent {
 			continue
 		}
 		ev := f.Value.Event
@@ -136,7 +137,7 @@ func TestChildSealedAcrossKills(t *testing.T) {
 	})
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": []message.Message{{
 		ID: "u1", Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: "loop forever"}}}}})
-	c.ws.Send(map[string]any{"type": "cf_agent_use_chat_request", "id": "req-1",
+	c.ws.Send(map[string]any{"type": wire.ChatRequest, "id": "req-1",
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 
 	// Every life the child's turn streams at least two units (a text part

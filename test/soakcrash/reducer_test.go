@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+
+	"github.com/agentry/agentry/wire"
 )
 
 // This file is a Go port of the client side the soak test plays: the
@@ -81,7 +83,7 @@ type toolEvent struct {
 // parseToolFrame parses an agent-tool-event frame; ok is false for any
 // other data, which the listener ignores.
 func parseToolFrame(data []byte) (f toolFrame, ev toolEvent, ok bool) {
-	if json.Unmarshal(data, &f) != nil || f.Type != "agent-tool-event" || json.Unmarshal(f.Event, &ev) != nil {
+	if json.Unmarshal(data, &f) != nil || f.Type != wire.AgentToolEvent || json.Unmarshal(f.Event, &ev) != nil {
 		return f, ev, false
 	}
 	return f, ev, true

@@ -70,6 +70,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // serverBin is test/soakcrash/server, built once (with -race when the tests
@@ -214,16 +215,9 @@ func (s *soak) errorf(format string, args ...any) {
 // ---------------------------------------------------------------------------
 // Connections.
 
-// frame is what a connection decodes of every frame: the RPC fields (the
-// agent-tool ones are parsed by the reducer from the raw data).
-type frame struct {
-	Type    string          `json:"type"`
-	ID      string          `json:"id"`
-	Success bool            `json:"success"`
-	Result  json.RawMessage `json:"result"`
-	Error   string          `json:"error"`
-	Done    *bool           `json:"done"`
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
 // errGone is the error of an RPC whose connection ended first.
 var errGone = errors.New("connection gone")
@@ -254,9 +248,9 @@ func (c *conn) pump(onTool func(data []byte)) {
 			return
 		}
 		switch f.Value.Type {
-		case "agent-tool-event":
+		case wire.AgentToolEvent:
 			onTool(f.Raw)
-		case "rpc":
+		case wire.RPC:
 			if f.Value.Done != nil && !*f.Value.Done {
 				continue
 			}
@@ -282,7 +276,7 @@ func (c *conn) call(ctx context.Context, method string, args ...any) (json.RawMe
 	if args == nil {
 		args = []any{}
 	}
-	if err := c.ws.SendContext(ctx, map[string]any{"type": "rpc", "id": id, "method": method, "args": args}); err != nil {
+	if err := c.ws.SendContext(ctx, map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args}); err != nil {
 		return nil, errGone
 	}
 	var f frame

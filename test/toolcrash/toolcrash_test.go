@@ -19,6 +19,7 @@ import (
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
+	"github.com/agentry/agentry/wire"
 )
 
 // serverBin is test/toolcrash/server, built once (with -race when the tests
@@ -70,7 +71,7 @@ func (c *client) until(what, runID string, pred func([]agenttool.Frame) bool) []
 	_, err := c.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
 		fs = nil
 		for _, f := range all {
-			if f.Value.Type == agenttool.FrameType && (runID == "" || f.Value.Event.RunID == runID) {
+			if f.Value.Type == wire.AgentToolEvent && (runID == "" || f.Value.Event.RunID == runID) {
 				fs = append(fs, f.Value)
 			}
 		}
@@ -85,7 +86,7 @@ func (c *client) until(what, runID string, pred func([]agenttool.Frame) bool) []
 // rpc calls a Boss method and returns its result.
 func (c *client) rpc(id, method string, args ...any) json.RawMessage {
 	c.t.Helper()
-	c.send(map[string]any{"type": "rpc", "id": id, "method": method, "args": args})
+	c.send(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
 	type answer struct {
@@ -100,7 +101,7 @@ func (c *client) rpc(id, method string, args ...any) json.RawMessage {
 	_, err := c.ws.Wait(ctx, func(all []testenv.Frame[agenttool.Frame]) bool {
 		for _, r := range all {
 			var f answer
-			if json.Unmarshal(r.Raw, &f) == nil && f.Type == "rpc" && f.ID == id && (f.Done == nil || *f.Done) {
+			if json.Unmarshal(r.Raw, &f) == nil && f.Type == wire.RPC && f.ID == id && (f.Done == nil || *f.Done) {
 				hit = &f
 				return true
 			}
@@ -236,7 +237,7 @@ func stepExecutions(t *testing.T, data, boss, runID string) (total int, distinct
 func chatRequest(c *client, text string) {
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": []message.Message{{
 		ID: "u1", Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: text}}}}})
-	c.send(map[string]any{"type": "cf_agent_use_chat_request", "id": "req-1",
+	c.send(map[string]any{"type": wire.ChatRequest, "id": "req-1",
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 }
 
@@ -293,7 +294,7 @@ func TestRapidRestartsStableRunID(t *testing.T) {
 	data := t.TempDir()
 	s := serve(t, data)
 	c := dial(t, s, "r")
-	c.send(map[string]any{"type": "rpc", "id": "dispatch", "method": "dispatch", "args": []any{runID, "the long task"}})
+	c.send(map[string]any{"type": wire.RPC, "id": "dispatch", "method": "dispatch", "args": []any{runID, "the long task"}})
 	seen := 0
 	for i := range 3 {
 		// Let the child make progress in this life, then kill.

@@ -88,6 +88,13 @@ func (c *WSClient[F]) Close() {
 	<-c.done
 }
 
+// CloseNormally closes the connection with the close handshake (status
+// 1000) and waits for the reader to return.
+func (c *WSClient[F]) CloseNormally() {
+	c.conn.Close(websocket.StatusNormalClosure, "")
+	<-c.done
+}
+
 // SendContext sends v as a JSON text frame.
 func (c *WSClient[F]) SendContext(ctx context.Context, v any) error {
 	data, err := json.Marshal(v)
