@@ -72,12 +72,76 @@ type Migration struct {
 	Statements []string
 }
 
+// ErrSchemaTooNew is the error (wrapped in a *SchemaTooNewError) of
+// Migrate and CheckSchemas when the database holds a component's schema at
+// a version newer than the code knows: a newer build migrated it. The code
+// refuses to run on it rather than guess what the newer steps changed.
+var ErrSchemaTooNew = errors.New("store: database schema is newer than this build")
+
+// SchemaTooNewError names the component whose recorded schema version is
+// newer than the newest migration the code knows.
+type SchemaTooNewError struct {
+	Component string // "agent", "chat", "agenttool", …
+	Version   int    // recorded in the database's schema_versions table
+	Known     int    // the newest version this build has
+}
+
+func (e *SchemaTooNewError) Error() string {
+	return fmt.Sprintf("store: the database's %q schema is at version %d, newer than this build knows (%d): "+
+		"a newer Agentry version migrated it; run that version or newer (docs/cluster.md, \"Upgrading\")",
+		e.Component, e.Version, e.Known)
+}
+
+// Unwrap returns ErrSchemaTooNew.
+func (e *SchemaTooNewError) Unwrap() error { return ErrSchemaTooNew }
+
+// CheckSchemas returns a *SchemaTooNewError when the database records a
+// schema version newer than known gives for that component (components
+// known does not name are not checked). A process calls it before it
+// takes part in anything, so that a build older than the database refuses
+// to start instead of failing on first use.
+func CheckSchemas(ctx context.Context, db DB, known map[string]int) error {
+	err := db.Update(ctx, func(tx Tx) error {
+		if err := createVersions(ctx, tx); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT component, version FROM schema_versions`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c string
+			var v int
+			if err := rows.Scan(&c, &v); err != nil {
+				return err
+			}
+			if k, ok := known[c]; ok && v > k {
+				return &SchemaTooNewError{Component: c, Version: v, Known: k}
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil && !errors.Is(err, ErrSchemaTooNew) {
+		return fmt.Errorf("store: check schema versions: %w", err)
+	}
+	return err
+}
+
+func createVersions(ctx context.Context, tx Tx) error {
+	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_versions (
+		component TEXT PRIMARY KEY,
+		version BIGINT NOT NULL)`)
+	return err
+}
+
 // Migrate brings the schema of component (a package name such as "agent" or
 // "chat") up to date by running the migrations newer than the recorded
 // version. All of it is one write transaction, so two processes that start
 // on one database at once never both run a step: on SQLite the write
 // transaction (BEGIN IMMEDIATE) is the lock, on PostgreSQL a transaction
-// advisory lock is taken first.
+// advisory lock is taken first. A schema recorded at a version newer than
+// the last of migrations is refused with a *SchemaTooNewError.
 func Migrate(ctx context.Context, db DB, component string, migrations []Migration) error {
 	err := db.Update(ctx, func(tx Tx) error {
 		if db.Dialect() == "postgres" {
@@ -85,15 +149,16 @@ func Migrate(ctx context.Context, db DB, component string, migrations []Migratio
 				return err
 			}
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_versions (
-			component TEXT PRIMARY KEY,
-			version BIGINT NOT NULL)`); err != nil {
+		if err := createVersions(ctx, tx); err != nil {
 			return err
 		}
 		var current int
 		err := tx.QueryRow(ctx, `SELECT version FROM schema_versions WHERE component = ?`, component).Scan(&current)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
+		}
+		if known := LatestVersion(migrations); current > known {
+			return &SchemaTooNewError{Component: component, Version: current, Known: known}
 		}
 		applied := current
 		for _, m := range migrations {
@@ -114,8 +179,17 @@ func Migrate(ctx context.Context, db DB, component string, migrations []Migratio
 			ON CONFLICT (component) DO UPDATE SET version = excluded.version`, component, applied)
 		return err
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrSchemaTooNew) {
 		return fmt.Errorf("store: migrate %s: %w", component, err)
 	}
-	return nil
+	return err
+}
+
+// LatestVersion is the highest Version of migrations (0 for none).
+func LatestVersion(migrations []Migration) int {
+	v := 0
+	for _, m := range migrations {
+		v = max(v, m.Version)
+	}
+	return v
 }

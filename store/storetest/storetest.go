@@ -41,6 +41,7 @@ func Run(t *testing.T, open Open) {
 		{"Upsert", testUpsert},
 		{"MigrateOnce", testMigrateOnce},
 		{"MigrateErrorWrapped", testMigrateError},
+		{"SchemaTooNewRefused", testSchemaTooNew},
 		{"CancelledBeforeStart", testCancelledBefore},
 		{"CancelledStatementRollsBack", testCancelledStatement},
 		{"CancelAfterCallbackStillCommits", testCancelAfter},
@@ -497,6 +498,44 @@ func testMigrateError(t *testing.T, db store.DB) {
 	})
 	if err == nil {
 		t.Fatal("the first step of a failed migration was kept")
+	}
+}
+
+// A schema recorded at a version newer than the code's migrations (a
+// newer build migrated the database) is refused by Migrate and by
+// CheckSchemas with ErrSchemaTooNew, and nothing runs; the versions the
+// code knows pass.
+func testSchemaTooNew(t *testing.T, db store.DB) {
+	ctx := context.Background()
+	ms := []store.Migration{{Version: 1, Statements: []string{`CREATE TABLE newer1 (x BIGINT)`}}}
+	if err := store.Migrate(ctx, db, "newer", ms); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CheckSchemas(ctx, db, map[string]int{"newer": 1}); err != nil {
+		t.Fatalf("CheckSchemas at the known version: %v", err)
+	}
+	// What a build with a second step records.
+	if err := db.Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE schema_versions SET version = 2 WHERE component = 'newer'`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"Migrate":      store.Migrate(ctx, db, "newer", ms),
+		"CheckSchemas": store.CheckSchemas(ctx, db, map[string]int{"newer": 1, "other": 1}),
+	} {
+		var tooNew *store.SchemaTooNewError
+		if !errors.Is(err, store.ErrSchemaTooNew) || !errors.As(err, &tooNew) ||
+			tooNew.Component != "newer" || tooNew.Version != 2 || tooNew.Known != 1 {
+			t.Fatalf("%s: %v, want a SchemaTooNewError for newer 2 > 1", name, err)
+		}
+		if !strings.Contains(err.Error(), `"newer" schema is at version 2, newer than this build knows (1)`) {
+			t.Errorf("%s: the error does not say what is wrong: %v", name, err)
+		}
+	}
+	if err := store.CheckSchemas(ctx, db, map[string]int{"newer": 2}); err != nil {
+		t.Fatalf("CheckSchemas at the newer version: %v", err)
 	}
 }
 
