@@ -73,7 +73,7 @@ type Migration struct {
 }
 
 // ErrSchemaTooNew is the error (wrapped in a *SchemaTooNewError) of
-// Migrate and CheckSchemas when the database holds a component's schema at
+// CheckSchemas when the database holds a component's schema at
 // a version newer than the code knows: a newer build migrated it. The code
 // refuses to run on it rather than guess what the newer steps changed.
 var ErrSchemaTooNew = errors.New("store: database schema is newer than this build")
@@ -141,7 +141,10 @@ func createVersions(ctx context.Context, tx Tx) error {
 // on one database at once never both run a step: on SQLite the write
 // transaction (BEGIN IMMEDIATE) is the lock, on PostgreSQL a transaction
 // advisory lock is taken first. A schema recorded at a version newer than
-// the last of migrations is refused with a *SchemaTooNewError.
+// the last of migrations (a newer build migrated it while this process
+// ran) is left as it is: migrations are additive, so a process that
+// started on the older schema goes on; a process refuses to start on it
+// by calling CheckSchemas first.
 func Migrate(ctx context.Context, db DB, component string, migrations []Migration) error {
 	err := db.Update(ctx, func(tx Tx) error {
 		if db.Dialect() == "postgres" {
@@ -156,9 +159,6 @@ func Migrate(ctx context.Context, db DB, component string, migrations []Migratio
 		err := tx.QueryRow(ctx, `SELECT version FROM schema_versions WHERE component = ?`, component).Scan(&current)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
-		}
-		if known := LatestVersion(migrations); current > known {
-			return &SchemaTooNewError{Component: component, Version: current, Known: known}
 		}
 		applied := current
 		for _, m := range migrations {
@@ -179,10 +179,10 @@ func Migrate(ctx context.Context, db DB, component string, migrations []Migratio
 			ON CONFLICT (component) DO UPDATE SET version = excluded.version`, component, applied)
 		return err
 	})
-	if err != nil && !errors.Is(err, ErrSchemaTooNew) {
+	if err != nil {
 		return fmt.Errorf("store: migrate %s: %w", component, err)
 	}
-	return err
+	return nil
 }
 
 // LatestVersion is the highest Version of migrations (0 for none).

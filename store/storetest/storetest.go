@@ -502,9 +502,9 @@ func testMigrateError(t *testing.T, db store.DB) {
 }
 
 // A schema recorded at a version newer than the code's migrations (a
-// newer build migrated the database) is refused by Migrate and by
-// CheckSchemas with ErrSchemaTooNew, and nothing runs; the versions the
-// code knows pass.
+// newer build migrated the database) is refused by CheckSchemas with
+// ErrSchemaTooNew; Migrate leaves it as it is (a process that started
+// before goes on); the versions the code knows pass.
 func testSchemaTooNew(t *testing.T, db store.DB) {
 	ctx := context.Background()
 	ms := []store.Migration{{Version: 1, Statements: []string{`CREATE TABLE newer1 (x BIGINT)`}}}
@@ -521,18 +521,17 @@ func testSchemaTooNew(t *testing.T, db store.DB) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for name, err := range map[string]error{
-		"Migrate":      store.Migrate(ctx, db, "newer", ms),
-		"CheckSchemas": store.CheckSchemas(ctx, db, map[string]int{"newer": 1, "other": 1}),
-	} {
-		var tooNew *store.SchemaTooNewError
-		if !errors.Is(err, store.ErrSchemaTooNew) || !errors.As(err, &tooNew) ||
-			tooNew.Component != "newer" || tooNew.Version != 2 || tooNew.Known != 1 {
-			t.Fatalf("%s: %v, want a SchemaTooNewError for newer 2 > 1", name, err)
-		}
-		if !strings.Contains(err.Error(), `"newer" schema is at version 2, newer than this build knows (1)`) {
-			t.Errorf("%s: the error does not say what is wrong: %v", name, err)
-		}
+	err := store.CheckSchemas(ctx, db, map[string]int{"newer": 1, "other": 1})
+	var tooNew *store.SchemaTooNewError
+	if !errors.Is(err, store.ErrSchemaTooNew) || !errors.As(err, &tooNew) ||
+		tooNew.Component != "newer" || tooNew.Version != 2 || tooNew.Known != 1 {
+		t.Fatalf("CheckSchemas: %v, want a SchemaTooNewError for newer 2 > 1", err)
+	}
+	if !strings.Contains(err.Error(), `"newer" schema is at version 2, newer than this build knows (1)`) {
+		t.Errorf("the error does not say what is wrong: %v", err)
+	}
+	if err := store.Migrate(ctx, db, "newer", ms); err != nil {
+		t.Fatalf("Migrate of the older steps on the newer schema: %v", err)
 	}
 	if err := store.CheckSchemas(ctx, db, map[string]int{"newer": 2}); err != nil {
 		t.Fatalf("CheckSchemas at the newer version: %v", err)
