@@ -237,7 +237,9 @@ func TestRollingRestart(t *testing.T) {
 			t.Logf("rolling.mjs printed:\n%s", out.String())
 		}
 	})
-	done := func() int { return e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE 'r%x%' AND status = 'completed'`) }
+	done := func() int {
+		return e.count(`SELECT count(*) FROM agent_tool_runs WHERE run_id LIKE 'r%x%' AND status = 'completed'`)
+	}
 	// Load before the first restart and after each one.
 	progress := func(what string) {
 		from := done()
