@@ -102,7 +102,7 @@ func (e *SchemaTooNewError) Unwrap() error { return ErrSchemaTooNew }
 // to start instead of failing on first use.
 func CheckSchemas(ctx context.Context, db DB, known map[string]int) error {
 	err := db.Update(ctx, func(tx Tx) error {
-		if err := createVersions(ctx, tx); err != nil {
+		if err := createVersions(ctx, db, tx); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, `SELECT component, version FROM schema_versions`)
@@ -128,7 +128,16 @@ func CheckSchemas(ctx context.Context, db DB, known map[string]int) error {
 	return err
 }
 
-func createVersions(ctx context.Context, tx Tx) error {
+// createVersions creates the schema_versions table if it is missing. On
+// PostgreSQL it takes the schema's advisory lock first: two transactions
+// that create one table at once fail (a unique violation in the catalog),
+// and it keeps concurrent Migrate calls one at a time.
+func createVersions(ctx context.Context, db DB, tx Tx) error {
+	if db.Dialect() == "postgres" {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(?)`, int64(0x6167656e747279)); err != nil {
+			return err
+		}
+	}
 	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_versions (
 		component TEXT PRIMARY KEY,
 		version BIGINT NOT NULL)`)
@@ -147,12 +156,7 @@ func createVersions(ctx context.Context, tx Tx) error {
 // by calling CheckSchemas first.
 func Migrate(ctx context.Context, db DB, component string, migrations []Migration) error {
 	err := db.Update(ctx, func(tx Tx) error {
-		if db.Dialect() == "postgres" {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(?)`, int64(0x6167656e747279)); err != nil {
-				return err
-			}
-		}
-		if err := createVersions(ctx, tx); err != nil {
+		if err := createVersions(ctx, db, tx); err != nil {
 			return err
 		}
 		var current int
