@@ -82,7 +82,8 @@ func (b *balancer) targets() []string {
 	return out
 }
 
-func (b *balancer) track(c net.Conn, add bool) bool {
+// track adds c to the open connections, or removes it.
+func (b *balancer) track(c net.Conn, add bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if add {
@@ -90,7 +91,6 @@ func (b *balancer) track(c net.Conn, add bool) bool {
 	} else {
 		delete(b.conns, c)
 	}
-	return true
 }
 
 func (b *balancer) accept() {
@@ -105,7 +105,8 @@ func (b *balancer) accept() {
 			defer in.Close()
 			var out net.Conn
 			for _, h := range b.targets() {
-				if out, err = net.DialTimeout("tcp", h, 2*time.Second); err == nil {
+				if c, err := net.DialTimeout("tcp", h, 2*time.Second); err == nil {
+					out = c
 					break
 				}
 			}
