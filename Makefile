@@ -36,7 +36,7 @@ faults:
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^TestFullDiskWaitsAndRecovers$$' ./store/sqlite
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^(TestTurnWaitsOutFullDisk|TestFullDiskRefusesNewAgents|TestRecoverContinueGoesOnFromCutText|TestRecoveredToolCallGetsFreshID|TestRecoverContinueKeepsToolStep)$$' ./chat
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^TestDefaultLeaseFailsOverWithinFiveSeconds$$' ./cluster
-	$(GO) test -count=$(FAULTS_COUNT) -timeout 120m -run '^(TestPostgresRestartDuringFanOut|TestFailoverWithDefaultLease|TestSigtermHandsOver|TestNodeCutOffFromDatabase|TestNodeCutOffFromPeers|TestPausedOwnerWritesNothingAfterLosingItsLease)$$' ./test/clustercrash
+	$(GO) test -count=$(FAULTS_COUNT) -timeout 120m -run '^(TestPostgresRestartDuringFanOut|TestFailoverWithDefaultLease|TestSigtermHandsOver|TestNodeCutOffFromDatabase|TestNodeCutOffFromPeers|TestPausedOwnerWritesNothingAfterLosingItsLease|TestRollingRestart|TestNodeRefusesNewerSchema)$$' ./test/clustercrash
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 120m -run '^TestSoak$$' ./test/soakcrash
 
 npm:

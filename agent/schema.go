@@ -2,6 +2,11 @@ package agent
 
 import "github.com/agentry/agentry/store"
 
+// SchemaVersion is the newest version of the agent layer's schema
+// (component "agent" of store.Migrate) this build knows; a database
+// migrated further by a newer build is refused (store.ErrSchemaTooNew).
+func SchemaVersion() int { return store.LatestVersion(migrations) }
+
 // migrations is the runtime's schema: instances, their key/value data,
 // schedules and the user tables each instance created.
 var migrations = []store.Migration{{

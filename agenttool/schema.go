@@ -2,6 +2,11 @@ package agenttool
 
 import "github.com/agentry/agentry/store"
 
+// SchemaVersion is the newest version of the agenttool layer's schema
+// (component "agenttool" of store.Migrate) this build knows; a database
+// migrated further by a newer build is refused (store.ErrSchemaTooNew).
+func SchemaVersion() int { return store.LatestVersion(migrations) }
+
 // migrations is the package's schema: the parent's registry of runs and the
 // child's record of the runs it executes. Both cascade with their instance.
 var migrations = []store.Migration{{

@@ -12,6 +12,11 @@ import (
 	"github.com/agentry/agentry/store"
 )
 
+// SchemaVersion is the newest version of the chat layer's schema
+// (component "chat" of store.Migrate) this build knows; a database
+// migrated further by a newer build is refused (store.ErrSchemaTooNew).
+func SchemaVersion() int { return store.LatestVersion(migrations) }
+
 // migrations is the chat layer's schema. Every table is keyed by the
 // instance id and cascades with the instance.
 var migrations = []store.Migration{{

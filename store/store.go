@@ -72,22 +72,91 @@ type Migration struct {
 	Statements []string
 }
 
+// ErrSchemaTooNew is the error (wrapped in a *SchemaTooNewError) of
+// CheckSchemas when the database holds a component's schema at
+// a version newer than the code knows: a newer build migrated it. The code
+// refuses to run on it rather than guess what the newer steps changed.
+var ErrSchemaTooNew = errors.New("store: database schema is newer than this build")
+
+// SchemaTooNewError names the component whose recorded schema version is
+// newer than the newest migration the code knows.
+type SchemaTooNewError struct {
+	Component string // "agent", "chat", "agenttool", …
+	Version   int    // recorded in the database's schema_versions table
+	Known     int    // the newest version this build has
+}
+
+func (e *SchemaTooNewError) Error() string {
+	return fmt.Sprintf("store: the database's %q schema is at version %d, newer than this build knows (%d): "+
+		"a newer Agentry version migrated it; run that version or newer (docs/cluster.md, \"Upgrading\")",
+		e.Component, e.Version, e.Known)
+}
+
+// Unwrap returns ErrSchemaTooNew.
+func (e *SchemaTooNewError) Unwrap() error { return ErrSchemaTooNew }
+
+// CheckSchemas returns a *SchemaTooNewError when the database records a
+// schema version newer than known gives for that component (components
+// known does not name are not checked). A process calls it before it
+// takes part in anything, so that a build older than the database refuses
+// to start instead of failing on first use.
+func CheckSchemas(ctx context.Context, db DB, known map[string]int) error {
+	err := db.Update(ctx, func(tx Tx) error {
+		if err := createVersions(ctx, db, tx); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT component, version FROM schema_versions`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c string
+			var v int
+			if err := rows.Scan(&c, &v); err != nil {
+				return err
+			}
+			if k, ok := known[c]; ok && v > k {
+				return &SchemaTooNewError{Component: c, Version: v, Known: k}
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil && !errors.Is(err, ErrSchemaTooNew) {
+		return fmt.Errorf("store: check schema versions: %w", err)
+	}
+	return err
+}
+
+// createVersions creates the schema_versions table if it is missing. On
+// PostgreSQL it takes the schema's advisory lock first: two transactions
+// that create one table at once fail (a unique violation in the catalog),
+// and it keeps concurrent Migrate calls one at a time.
+func createVersions(ctx context.Context, db DB, tx Tx) error {
+	if db.Dialect() == "postgres" {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(?)`, int64(0x6167656e747279)); err != nil {
+			return err
+		}
+	}
+	_, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_versions (
+		component TEXT PRIMARY KEY,
+		version BIGINT NOT NULL)`)
+	return err
+}
+
 // Migrate brings the schema of component (a package name such as "agent" or
 // "chat") up to date by running the migrations newer than the recorded
 // version. All of it is one write transaction, so two processes that start
 // on one database at once never both run a step: on SQLite the write
 // transaction (BEGIN IMMEDIATE) is the lock, on PostgreSQL a transaction
-// advisory lock is taken first.
+// advisory lock is taken first. A schema recorded at a version newer than
+// the last of migrations (a newer build migrated it while this process
+// ran) is left as it is: migrations are additive, so a process that
+// started on the older schema goes on; a process refuses to start on it
+// by calling CheckSchemas first.
 func Migrate(ctx context.Context, db DB, component string, migrations []Migration) error {
 	err := db.Update(ctx, func(tx Tx) error {
-		if db.Dialect() == "postgres" {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(?)`, int64(0x6167656e747279)); err != nil {
-				return err
-			}
-		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_versions (
-			component TEXT PRIMARY KEY,
-			version BIGINT NOT NULL)`); err != nil {
+		if err := createVersions(ctx, db, tx); err != nil {
 			return err
 		}
 		var current int
@@ -118,4 +187,13 @@ func Migrate(ctx context.Context, db DB, component string, migrations []Migratio
 		return fmt.Errorf("store: migrate %s: %w", component, err)
 	}
 	return nil
+}
+
+// LatestVersion is the highest Version of migrations (0 for none).
+func LatestVersion(migrations []Migration) int {
+	v := 0
+	for _, m := range migrations {
+		v = max(v, m.Version)
+	}
+	return v
 }

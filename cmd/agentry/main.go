@@ -25,8 +25,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/agentry/agentry/internal/clusterserve"
 	"github.com/agentry/agentry/internal/demo"
 	"github.com/agentry/agentry/internal/serve"
+	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
@@ -167,6 +169,9 @@ func serveContext(ctx context.Context, args []string, getenv func(string) string
 		return err
 	}
 	defer db.Close()
+	if err := store.CheckSchemas(ctx, db, clusterserve.KnownSchemas()); err != nil {
+		return err
+	}
 	d, err := demo.New(ctx, demo.Options{DB: db, Logger: logger, IdleTimeout: *idle, Delay: *delay, MaxTurnsInFlight: *maxTurns,
 		OriginPatterns: splitList(*allowOrigin), AuthToken: *token, TracerProvider: tel.Tracer, MeterProvider: tel.Meter,
 		MCPServers: mcpServers, MCPStderr: logw})

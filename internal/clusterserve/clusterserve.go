@@ -20,6 +20,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
+	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/cluster"
 	"github.com/agentry/agentry/internal/serve"
 	"github.com/agentry/agentry/store"
@@ -67,6 +68,12 @@ type Config struct {
 	Build func(ctx context.Context, db store.DB, place agent.Placement, remote agenttool.Remote) (App, error)
 }
 
+// KnownSchemas is the newest schema version of each framework layer this
+// build knows (store.CheckSchemas's known).
+func KnownSchemas() map[string]int {
+	return map[string]int{"agent": agent.SchemaVersion(), "chat": chat.SchemaVersion(), "agenttool": agenttool.SchemaVersion()}
+}
+
 // Run serves the node until ctx is done, then hands its shards over and
 // closes everything.
 func Run(ctx context.Context, c Config) error {
@@ -91,6 +98,11 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	defer db.Close()
+	// A build older than the database's schema refuses to start before it
+	// joins: it would take shards, and fail on them.
+	if err := store.CheckSchemas(ctx, db, KnownSchemas()); err != nil {
+		return err
+	}
 	node, err := cluster.Join(ctx, cluster.Config{Pool: pool, NodeID: c.NodeID, Addr: advertise, Lease: c.Lease,
 		Logger: logger.With("node", c.NodeID)})
 	if err != nil {

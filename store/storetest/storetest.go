@@ -41,6 +41,7 @@ func Run(t *testing.T, open Open) {
 		{"Upsert", testUpsert},
 		{"MigrateOnce", testMigrateOnce},
 		{"MigrateErrorWrapped", testMigrateError},
+		{"SchemaTooNewRefused", testSchemaTooNew},
 		{"CancelledBeforeStart", testCancelledBefore},
 		{"CancelledStatementRollsBack", testCancelledStatement},
 		{"CancelAfterCallbackStillCommits", testCancelAfter},
@@ -497,6 +498,43 @@ func testMigrateError(t *testing.T, db store.DB) {
 	})
 	if err == nil {
 		t.Fatal("the first step of a failed migration was kept")
+	}
+}
+
+// A schema recorded at a version newer than the code's migrations (a
+// newer build migrated the database) is refused by CheckSchemas with
+// ErrSchemaTooNew; Migrate leaves it as it is (a process that started
+// before goes on); the versions the code knows pass.
+func testSchemaTooNew(t *testing.T, db store.DB) {
+	ctx := context.Background()
+	ms := []store.Migration{{Version: 1, Statements: []string{`CREATE TABLE newer1 (x BIGINT)`}}}
+	if err := store.Migrate(ctx, db, "newer", ms); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.CheckSchemas(ctx, db, map[string]int{"newer": 1}); err != nil {
+		t.Fatalf("CheckSchemas at the known version: %v", err)
+	}
+	// What a build with a second step records.
+	if err := db.Update(ctx, func(tx store.Tx) error {
+		_, err := tx.Exec(ctx, `UPDATE schema_versions SET version = 2 WHERE component = 'newer'`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	err := store.CheckSchemas(ctx, db, map[string]int{"newer": 1, "other": 1})
+	var tooNew *store.SchemaTooNewError
+	if !errors.Is(err, store.ErrSchemaTooNew) || !errors.As(err, &tooNew) ||
+		tooNew.Component != "newer" || tooNew.Version != 2 || tooNew.Known != 1 {
+		t.Fatalf("CheckSchemas: %v, want a SchemaTooNewError for newer 2 > 1", err)
+	}
+	if !strings.Contains(err.Error(), `"newer" schema is at version 2, newer than this build knows (1)`) {
+		t.Errorf("the error does not say what is wrong: %v", err)
+	}
+	if err := store.Migrate(ctx, db, "newer", ms); err != nil {
+		t.Fatalf("Migrate of the older steps on the newer schema: %v", err)
+	}
+	if err := store.CheckSchemas(ctx, db, map[string]int{"newer": 2}); err != nil {
+		t.Fatalf("CheckSchemas at the newer version: %v", err)
 	}
 }
 
