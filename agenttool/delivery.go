@@ -159,6 +159,25 @@ type pendingMark struct {
 	stamp        int64
 }
 
+// markPending reports whether a delivery of runID's end is under way in
+// this copy of the parent: its hook running, or its mark waiting for a
+// transaction (queueMark).
+func (h *host) markPending(runID string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id := range h.delivering {
+		if id.runID == runID {
+			return true
+		}
+	}
+	for _, m := range h.marks {
+		if m.runID == runID {
+			return true
+		}
+	}
+	return false
+}
+
 // queueMark holds a delivery mark for the parent's next write transaction
 // (takeMarks), and writes it after markFlushDelay if none came: a hook
 // that writes nothing costs at most one write, and usually none. Until

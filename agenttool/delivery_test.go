@@ -349,3 +349,32 @@ func (e *delEnv) finishWakes(t *testing.T) int {
 	}
 	return n
 }
+
+// TestRedispatchDeliversAnUndeliveredEnd: an end whose delivery was cut
+// while this copy of the parent lives (its hook's transaction failed at
+// its commit, as the hook of a copy that lost its shard fails under the
+// fence while the new copy has started already) is delivered by the next
+// dispatch of the run id, once: a further dispatch delivers nothing. Before,
+// it waited for the parent's next start.
+func TestRedispatchDeliversAnUndeliveredEnd(t *testing.T) {
+	k := newDelKit()
+	e := delStart(t, k, "")
+	k.mu.Lock()
+	k.failWrite["cut"] = true
+	k.mu.Unlock()
+	e.run(t, "cut")
+	if e.delivered(t, "cut") {
+		t.Fatal("the end of cut is recorded delivered although its hook's write failed")
+	}
+	e.run(t, "cut") // the stored end, and its delivery now
+	if !e.delivered(t, "cut") {
+		t.Fatal("a dispatch of a run whose end is not delivered did not deliver it")
+	}
+	e.run(t, "cut")
+	if n := len(k.callsOf("cut")); n != 2 {
+		t.Fatalf("hook of cut called %d times, want 2 (the failed write, the delivery)", n)
+	}
+	if got := e.ledger(t); got["cut"] != "completed" || len(got) != 1 {
+		t.Fatalf("ledger %v", got)
+	}
+}

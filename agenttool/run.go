@@ -350,6 +350,15 @@ func (h *host) dispatchFailed(ctx context.Context, row runRow, msg string) (Resu
 // (detached).
 func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input json.RawMessage) (Result, error) {
 	if row.Status.Hard() {
+		if !row.det.Detached && !row.det.FinishDelivered && !h.markPending(row.RunID) {
+			// An end recorded and not delivered, and no delivery of it is
+			// under way here: the delivery was cut (a crash, or a copy of
+			// this parent that lost its shard, whose hook's transaction
+			// the fence refused, while this copy had started already).
+			// Deliver it now; the delivery mark lets only one delivery's
+			// transaction commit.
+			h.deliverFinish(ctx, row.Run, row.Result(), row.marks)
+		}
 		return row.Result(), nil
 	}
 	if detached || row.det.Detached {
