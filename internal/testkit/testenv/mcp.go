@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
@@ -23,16 +22,7 @@ func MCPDir() string {
 // missing, except in CI (CI=true), where that is a failure.
 func RequireMCP(t testing.TB) {
 	t.Helper()
-	_, errNode := exec.LookPath("node")
-	_, errMods := os.Stat(filepath.Join(MCPDir(), "node_modules", "@modelcontextprotocol", "sdk"))
-	if errNode == nil && errMods == nil {
-		return
-	}
-	msg := "node or test/mcp/node_modules missing: run `make npm`"
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	requireNodeModule(t, MCPDir(), "test/mcp", "@modelcontextprotocol", "sdk")
 }
 
 // MCPScript runs a script of test/mcp with args, decodes the first line

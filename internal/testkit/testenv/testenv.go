@@ -142,12 +142,20 @@ func NPMDir() string {
 // except in CI (CI=true), where that is a failure.
 func RequireNode(t testing.TB) {
 	t.Helper()
+	requireNodeModule(t, NPMDir(), "test/npm", "agents")
+}
+
+// requireNodeModule skips the test when Node or the npm package module of
+// the folder dir (named for the message) is missing, except in CI
+// (CI=true), where that is a failure.
+func requireNodeModule(t testing.TB, dir, name string, module ...string) {
+	t.Helper()
 	_, errNode := exec.LookPath("node")
-	_, errMods := os.Stat(filepath.Join(NPMDir(), "node_modules", "agents"))
+	_, errMods := os.Stat(filepath.Join(append([]string{dir, "node_modules"}, module...)...))
 	if errNode == nil && errMods == nil {
 		return
 	}
-	msg := "node or test/npm/node_modules missing: run `make npm`"
+	msg := "node or " + name + "/node_modules missing: run `make npm`"
 	if os.Getenv("CI") != "" {
 		t.Fatal(msg)
 	}
