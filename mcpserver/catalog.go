@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -62,11 +63,7 @@ func catalog(rt *agent.Runtime) ([]entry, error) {
 				all = append(all, entry{name: t.Name, class: c.Name, tool: t, info: info})
 			}
 		}
-		ct, err := chatTool()
-		if err != nil {
-			return nil, err
-		}
-		all = append(all, entry{name: "chat", class: c.Name, tool: ct, isChat: true})
+		all = append(all, entry{name: "chat", class: c.Name, tool: chatTool(), isChat: true})
 	}
 	count := map[string]int{}
 	for _, e := range all {
@@ -88,12 +85,24 @@ func catalog(rt *agent.Runtime) ([]entry, error) {
 
 // chatTool is the tool description of a class's chat tool (its function is
 // the server's).
-func chatTool() (chat.Tool, error) {
+func chatTool() chat.Tool {
 	t := chat.NewTool("chat", "", func(context.Context, chatInput) (any, error) { return nil, nil })
 	return t.WithSchema(func(s *jsonschema.Schema) {
 		n := 1
 		s.Properties["message"].MinLength = &n
-	}), nil
+	})
+}
+
+// agentToolClasses returns the classes with agent tools in the catalog,
+// in catalog order, each once: the classes whose runs can be tasks.
+func agentToolClasses(tools []entry) []string {
+	var out []string
+	for _, e := range tools {
+		if !e.isChat && !slices.Contains(out, e.class) {
+			out = append(out, e.class)
+		}
+	}
+	return out
 }
 
 // description returns the MCP description of an entry.

@@ -93,9 +93,11 @@ type Handler struct {
 	initErr error
 	tools   []entry
 	byName  map[string]entry
-	srv     *mcp.Server
-	stream  *mcp.StreamableHTTPHandler
-	tasks   *tasks
+	// taskClasses are the classes with agent tools (agentToolClasses).
+	taskClasses []string
+	srv         *mcp.Server
+	stream      *mcp.StreamableHTTPHandler
+	tasks       *tasks
 }
 
 // New returns the MCP endpoint of opts.Runtime. The tool list is read from
@@ -136,6 +138,7 @@ func (h *Handler) init() error {
 			return
 		}
 		h.tools = tools
+		h.taskClasses = agentToolClasses(tools)
 		h.byName = make(map[string]entry, len(tools))
 		sdkLog := slog.New(quiet{h.log.Handler()})
 		srv := mcp.NewServer(&mcp.Implementation{Name: "agentry", Title: "Agentry", Version: "0.1"}, &mcp.ServerOptions{
@@ -261,14 +264,10 @@ func (h *Handler) sessions() int {
 // real instance path).
 func (h *Handler) endpointPath(instance string) agent.Path {
 	class := ""
-	if len(h.tools) > 0 {
+	if len(h.taskClasses) > 0 {
+		class = h.taskClasses[0]
+	} else if len(h.tools) > 0 {
 		class = h.tools[0].class
-		for _, e := range h.tools {
-			if !e.isChat {
-				class = e.class
-				break
-			}
-		}
 	}
 	return agent.Path{{Class: class, Name: instance}}
 }

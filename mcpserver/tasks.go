@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -230,20 +231,10 @@ func (t *tasks) parseTask(raw json.RawMessage) (taskRef, error) {
 	if json.Unmarshal(data, &ref) != nil || !strings.HasPrefix(ref.RunID, taskRunPrefix) || !validInstance(ref.Instance) {
 		return taskRef{}, bad
 	}
-	if !t.taskClass(ref.Class) {
+	if !slices.Contains(t.h.taskClasses, ref.Class) {
 		return taskRef{}, bad
 	}
 	return ref, nil
-}
-
-// taskClass reports whether class has agent tools on the endpoint.
-func (t *tasks) taskClass(class string) bool {
-	for _, e := range t.h.tools {
-		if !e.isChat && e.class == class {
-			return true
-		}
-	}
-	return false
 }
 
 // create starts the detached run of a task-augmented tools/call.
@@ -435,11 +426,8 @@ func (t *tasks) list(ctx context.Context, c call, params json.RawMessage) (any, 
 	}
 	out := map[string]any{"tasks": []any{}}
 	var all []any
-	for _, e := range t.h.tools {
-		if e.isChat || !t.firstOfClass(e) {
-			continue
-		}
-		ref := taskRef{Class: e.class, Instance: c.instance}
+	for _, class := range t.h.taskClasses {
+		ref := taskRef{Class: class, Instance: c.instance}
 		a, release, ctx, err := t.parent(ctx, c, ref)
 		if err != nil {
 			return nil, err
@@ -464,17 +452,6 @@ func (t *tasks) list(ctx context.Context, c call, params json.RawMessage) (any, 
 		}
 	}
 	return out, nil
-}
-
-// firstOfClass reports whether e is the first agent tool of its class in
-// the catalog.
-func (t *tasks) firstOfClass(e entry) bool {
-	for _, x := range t.h.tools {
-		if !x.isChat && x.class == e.class {
-			return x.name == e.name
-		}
-	}
-	return false
 }
 
 // taskOf maps a registry row to an MCP task.
