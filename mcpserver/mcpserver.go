@@ -27,6 +27,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -96,6 +97,7 @@ type Handler struct {
 	// taskClasses are the classes with agent tools (agentToolClasses).
 	taskClasses []string
 	srv         *mcp.Server
+	built       atomic.Pointer[mcp.Server] // srv, for Close, which may race the first request
 	stream      *mcp.StreamableHTTPHandler
 	tasks       *tasks
 }
@@ -156,6 +158,7 @@ func (h *Handler) init() error {
 			srv.AddTool(t, h.toolHandler(e))
 		}
 		h.srv = srv
+		h.built.Store(srv)
 		store := mcp.NewMemoryEventStore(nil)
 		store.SetMaxBytes(h.opts.ReplayBytes)
 		h.stream = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
@@ -275,10 +278,11 @@ func (h *Handler) endpointPath(instance string) agent.Path {
 // Close ends every MCP session. Runs they started go on (a detached run
 // to its end; an awaited one is aborted by its call's end).
 func (h *Handler) Close() error {
-	if h.srv == nil {
+	srv := h.built.Load()
+	if srv == nil {
 		return nil
 	}
-	for ss := range h.srv.Sessions() {
+	for ss := range srv.Sessions() {
 		_ = ss.Close()
 	}
 	return nil
