@@ -41,7 +41,8 @@ func Offline(delay time.Duration, clock clockwork.Clock) *Models {
 		clock = clockwork.NewRealClock()
 	}
 	opts := func(rules ...scripted.Rule) []scripted.Option {
-		return []scripted.Option{scripted.WithChunkSize(8), scripted.WithDelay(delay), scripted.WithClock(clock), scripted.WithRules(rules...)}
+		return []scripted.Option{scripted.WithChunkSize(8), scripted.WithDelay(delay), scripted.WithClock(clock), scripted.WithRules(rules...),
+			scripted.WithMaxCalls(-1)} // a server's models: nobody reads their calls
 	}
 	return &Models{
 		Assistant:  scripted.New(opts(assistantRules()...)...),

@@ -135,6 +135,17 @@ func WithDelay(d time.Duration) Option {
 	return func(m *Model) { m.delay = d }
 }
 
+// DefaultMaxCalls is how many answered requests a Model keeps for Calls
+// unless WithMaxCalls says otherwise.
+const DefaultMaxCalls = 1000
+
+// WithMaxCalls sets how many answered requests the model keeps for Calls,
+// the newest: n == 0 means DefaultMaxCalls, n < 0 keeps none (a model that
+// serves for a long time, as the demo's, and that nobody inspects).
+func WithMaxCalls(n int) Option {
+	return func(m *Model) { m.maxCalls = n }
+}
+
 // WithClock sets the clock the delay is measured on; the default is the
 // real clock.
 func WithClock(c clockwork.Clock) Option {
@@ -149,8 +160,9 @@ type Model struct {
 	delay time.Duration
 	clock clockwork.Clock
 
-	mu    sync.Mutex
-	calls []Call
+	maxCalls int // how many calls are kept; < 0: none
+	mu       sync.Mutex
+	calls    []Call
 }
 
 var (
@@ -170,17 +182,42 @@ func New(opts ...Option) *Model {
 	if m.clock == nil {
 		m.clock = clockwork.NewRealClock()
 	}
+	if m.maxCalls == 0 {
+		m.maxCalls = DefaultMaxCalls
+	}
 	if m.def == nil {
 		m.def = func(req *model.Request) Reply { return Reply{Text("You said: " + LastUserText(req))} }
 	}
 	return m
 }
 
-// Calls returns the requests answered so far, oldest first.
+// Calls returns the requests answered so far, oldest first: the newest
+// DefaultMaxCalls of them, or as many as WithMaxCalls says.
 func (m *Model) Calls() []Call {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return append([]Call(nil), m.calls...)
+	if m.maxCalls < 0 {
+		return nil
+	}
+	return append([]Call(nil), m.calls[max(0, len(m.calls)-m.maxCalls):]...)
+}
+
+// record keeps c (with a copy of its request) for Calls. Past twice the
+// limit the oldest are forgotten, so keeping costs a copy now and then,
+// not one per call.
+func (m *Model) record(c Call) {
+	if m.maxCalls < 0 {
+		return
+	}
+	c.Request = clone(c.Request)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.calls) >= 2*m.maxCalls {
+		n := copy(m.calls, m.calls[len(m.calls)-m.maxCalls:])
+		clear(m.calls[n:])
+		m.calls = m.calls[:n]
+	}
+	m.calls = append(m.calls, c)
 }
 
 // ModelName returns "scripted" (model.Namer).
@@ -197,9 +234,7 @@ func (m *Model) ModelName() string { return "scripted" }
 func (m *Model) Stream(ctx context.Context, req *model.Request) iter.Seq2[model.Event, error] {
 	return func(yield func(model.Event, error) bool) {
 		name, reply := m.answer(req)
-		m.mu.Lock()
-		m.calls = append(m.calls, Call{Rule: name, Request: clone(req)})
-		m.mu.Unlock()
+		m.record(Call{Rule: name, Request: req})
 
 		first := true
 		send := func(ev model.Event) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"iter"
 	"reflect"
 	"strings"
@@ -385,5 +386,37 @@ func TestContinuesCutAnswer(t *testing.T) {
 	var c model.Model = m
 	if cm, ok := c.(model.Continuer); !ok || !cm.ContinuesAnswers() {
 		t.Fatal("the scripted model is not a model.Continuer")
+	}
+}
+
+// TestCallsAreBounded checks that a model keeps the newest calls up to its
+// limit (a long-running server's model must not grow without end), and none
+// with a negative limit.
+func TestCallsAreBounded(t *testing.T) {
+	m := New(WithMaxCalls(3))
+	for i := range 10 {
+		if _, err := collect(m.Stream(t.Context(), ask(fmt.Sprint(i)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, c := range m.Calls() {
+		got = append(got, LastUserText(c.Request))
+	}
+	if !reflect.DeepEqual(got, []string{"7", "8", "9"}) {
+		t.Errorf("calls kept = %q, want the newest three", got)
+	}
+	if len(m.calls) > 6 {
+		t.Errorf("%d calls held, want at most twice the limit", len(m.calls))
+	}
+	none := New(WithMaxCalls(-1))
+	if _, err := collect(none.Stream(t.Context(), ask("x"))); err != nil {
+		t.Fatal(err)
+	}
+	if c := none.Calls(); len(c) != 0 || len(none.calls) != 0 {
+		t.Errorf("WithMaxCalls(-1) kept %d calls", len(c))
+	}
+	if n := len(New().Calls()); n != 0 {
+		t.Errorf("a new model has %d calls", n)
 	}
 }
