@@ -54,6 +54,9 @@ type Config struct {
 	NPMDir   string
 	// Stuck sockets join users' instances and never read.
 	Stuck int
+	// Heavy, with Serve, adds a user who repeats fan-outs of Heavy
+	// children with no limit on how many run at once.
+	Heavy int
 	// Seed seeds the users' choices.
 	Seed int64
 	// Verbose logs every error.
@@ -74,6 +77,10 @@ func (c *Config) validate() error {
 		return errors.New("-npm-share must be between 0 and 1")
 	case c.Stuck < 0:
 		return errors.New("-stuck must not be negative")
+	case c.Heavy < 0 || c.Heavy > maxHeavy:
+		return fmt.Errorf("-heavy must be 0 to %d", maxHeavy)
+	case c.Heavy > 0 && !c.Serve:
+		return errors.New("-heavy needs -serve (its agent class is registered in this process)")
 	case c.Group < 1:
 		return errors.New("-group must be at least 1")
 	case c.Serve && c.Data == "":

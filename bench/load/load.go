@@ -74,7 +74,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	}
 	logger := log.New(logw, "load: ", log.Ltime)
 	if cfg.Serve {
-		srv, err := serveDemo(ctx, cfg.Data, cfg.Delay, cfg.MaxTurns)
+		srv, err := serveDemo(ctx, cfg.Data, cfg.Delay, cfg.MaxTurns, cfg.Heavy > 0)
 		if err != nil {
 			return nil, err
 		}
@@ -152,13 +152,21 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 		}()
 	}
 	npm := startNPM(runCtx, workCtx, g, nNPM, logger)
+	var heavy *heavyUser
+	if cfg.Heavy > 0 {
+		heavy = startHeavy(runCtx, workCtx, g, cfg.URLs[0], cfg.Heavy)
+	}
 	wg.Wait()
 	npmInsts := npm.wait()
+	if heavy != nil {
+		rep.Heavy = heavy.wait()
+	}
 	rep.Elapsed = time.Since(start)
 	logger.Printf("load done after %s; checking the transcripts", rep.Elapsed.Round(time.Millisecond))
 
 	r := g.rec.report(rep.Elapsed)
 	r.Load[0] = rep.Load[0]
+	r.Heavy = rep.Heavy
 	r.Load[1] = loadavg()
 	r.Cores = runtime.NumCPU()
 	r.NPMUsers = nNPM

@@ -27,7 +27,7 @@ var (
 
 // TestSmoke runs the generator against the demo served in this process
 // on a real SQLite file: every action of the mix, a shared instance, two
-// sockets that never read, and, when node and test/npm's packages are
+// sockets that never read, a heavy user's fan-outs of 20, and, when node and test/npm's packages are
 // there, one npm user. It asserts
 // correctness only (no error other than documented refusals, every
 // transcript whole), never timing: the machine may be busy.
@@ -51,7 +51,7 @@ func TestSmoke(t *testing.T) {
 	}
 	cfg := Config{Serve: true, Data: t.TempDir(), Delay: 5 * time.Millisecond, Users: *smokeUsers, Duration: *smokeDuration,
 		Mix: mix, Think: 100 * time.Millisecond, Shared: 0.4, Group: 2, TurnTimeout: 2 * time.Minute,
-		NPMShare: npmShare, NPMDir: npmDir, Stuck: 2, Seed: 1}
+		NPMShare: npmShare, NPMDir: npmDir, Stuck: 2, Heavy: 20, Seed: 1}
 	var logs bytes.Buffer
 	rep, err := Run(context.Background(), cfg, &logs)
 	if err != nil {
@@ -72,6 +72,9 @@ func TestSmoke(t *testing.T) {
 	}
 	if rep.DBBytes == 0 || rep.RSSPeak == 0 {
 		t.Errorf("server figures missing: database %d bytes, RSS %d", rep.DBBytes, rep.RSSPeak)
+	}
+	if h := rep.Heavy; h == nil || h.FanOuts == 0 || h.Statuses["completed"] != 20*h.FanOuts {
+		t.Errorf("heavy user: %v, want fan-outs of 20 completed runs", h)
 	}
 	if npmShare > 0 && rep.NPMUsers != 1 {
 		t.Errorf("%d npm users, want 1", rep.NPMUsers)

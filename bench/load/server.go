@@ -28,8 +28,8 @@ type inProcess struct {
 // serveDemo serves the demo, on its offline scripted models with delay
 // between chunks, from a new SQLite database in dir, on a loopback port:
 // what `agentry serve --data dir --delay delay --max-turns maxTurns`
-// serves.
-func serveDemo(ctx context.Context, dir string, delay time.Duration, maxTurns int) (*inProcess, error) {
+// serves, and with heavy the heavy user's class (fanClass).
+func serveDemo(ctx context.Context, dir string, delay time.Duration, maxTurns int, heavy bool) (*inProcess, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data folder: %w", err)
 	}
@@ -41,9 +41,20 @@ func serveDemo(ctx context.Context, dir string, delay time.Duration, maxTurns in
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
-	d, err := demo.Start(ctx, demo.Options{DB: db, Delay: delay, Models: agentsastools.Offline(delay, nil),
+	d, err := demo.New(ctx, demo.Options{DB: db, Delay: delay, Models: agentsastools.Offline(delay, nil),
 		IdleTimeout: 5 * time.Minute, MaxTurnsInFlight: maxTurns, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("start the demo: %w", err)
+	}
+	if heavy {
+		err = d.Runtime.Register(fanClass())
+	}
+	if err == nil {
+		err = d.Runtime.Start(ctx)
+	}
+	if err != nil {
+		d.Close()
 		db.Close()
 		return nil, fmt.Errorf("start the demo: %w", err)
 	}

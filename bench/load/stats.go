@@ -126,6 +126,8 @@ type Report struct {
 	Check CheckResult
 	// NPMUsers is how many users were npm clients.
 	NPMUsers int
+	// Heavy is what the heavy user did (-heavy), if there was one.
+	Heavy *HeavyResult
 }
 
 // OK reports whether the run had no errors other than documented refusals
@@ -172,6 +174,9 @@ func (r *Report) Print(w io.Writer) {
 	win := c.Duration.Seconds()
 	fmt.Fprintf(w, "in the %s window: %.1f turns/s, %.1f child runs/s (%d turns, %d runs)\n", c.Duration, float64(r.WindowTurns)/win, float64(r.WindowRuns)/win, r.WindowTurns, r.WindowRuns)
 	fmt.Fprintf(w, "all, with the drain: %d turns, %d child runs in %.1f s\n", r.Turns, r.Runs, secs)
+	if r.Heavy != nil {
+		fmt.Fprintf(w, "heavy user (fan-outs of %d, not in the figures above): %s\n", c.Heavy, r.Heavy)
+	}
 	var as []string
 	for _, a := range slices.Sorted(maps.Keys(r.Actions)) {
 		as = append(as, fmt.Sprintf("%s %d", a, r.Actions[a]))
