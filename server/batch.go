@@ -23,6 +23,7 @@ const maxBatchBytes = 64 << 10
 type batchConn struct {
 	net.Conn
 	timeout time.Duration
+	bufs    *sync.Pool // of *[]byte: a batch's buffer is taken at hold and given back at release
 
 	mu   sync.Mutex // serializes writes to the network and guards the fields below
 	held bool
@@ -44,6 +45,9 @@ func (b *batchConn) Write(p []byte) (int, error) {
 			}
 		}
 		if len(p) <= maxBatchBytes {
+			if b.buf == nil && b.bufs != nil {
+				b.buf = (*b.bufs.Get().(*[]byte))[:0]
+			}
 			b.buf = append(b.buf, p...)
 			return len(p), nil
 		}
@@ -70,9 +74,13 @@ func (b *batchConn) release() error {
 		return b.err
 	}
 	err := b.flushLocked()
-	if cap(b.buf) > 2*maxBatchBytes {
-		b.buf = nil
+	// The buffer goes back to the server's pool: an idle connection holds
+	// none (a thousand sockets would otherwise keep up to 64 KiB each).
+	if b.buf != nil && b.bufs != nil && cap(b.buf) <= 2*maxBatchBytes {
+		buf := b.buf[:0]
+		b.bufs.Put(&buf)
 	}
+	b.buf = nil
 	return err
 }
 
@@ -103,6 +111,7 @@ func (b *batchConn) writeLocked(p []byte) (int, error) {
 type batchWriter struct {
 	http.ResponseWriter
 	timeout time.Duration
+	bufs    *sync.Pool // the batch buffers of the server's connections
 	conn    *batchConn // set by Hijack
 }
 
@@ -120,6 +129,6 @@ func (w *batchWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 		c.Close()
 		return nil, nil, err
 	}
-	w.conn = &batchConn{Conn: c, timeout: w.timeout}
+	w.conn = &batchConn{Conn: c, timeout: w.timeout, bufs: w.bufs}
 	return w.conn, bufio.NewReadWriter(brw.Reader, bufio.NewWriterSize(w.conn, 4096)), nil
 }

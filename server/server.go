@@ -102,6 +102,10 @@ type Server struct {
 	rt   *agent.Runtime
 	log  *slog.Logger
 
+	// batchBufs are the buffers of the sockets' write batches
+	// (batchConn), shared: only the sockets writing a burst hold one.
+	batchBufs sync.Pool
+
 	budget *sendBudget
 
 	mu      sync.Mutex
@@ -152,6 +156,7 @@ func New(opts Options) *Server {
 		opts.Logger = opts.Runtime.Logger()
 	}
 	s := &Server{opts: opts, rt: opts.Runtime, log: opts.Logger, sockets: map[*socket]struct{}{}}
+	s.batchBufs.New = func() any { b := make([]byte, 0, maxBatchBytes); return &b }
 	s.budget = &sendBudget{limit: opts.SendBudgetBytes, sockets: s.socketList, onShed: func(sk *socket, queued int64) {
 		s.log.Warn("send budget full: closed the slowest connection", "path", sk.path, "queued", queued, "budget", opts.SendBudgetBytes)
 		s.rt.Diag().Publish(s.rt.Context(), diag.ChannelServer, "shed", sk.path, map[string]any{"queued": queued})
@@ -491,7 +496,7 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 		s.wg.Done()
 	}()
 
-	bw := &batchWriter{ResponseWriter: w, timeout: s.opts.WriteTimeout}
+	bw := &batchWriter{ResponseWriter: w, timeout: s.opts.WriteTimeout, bufs: &s.batchBufs}
 	c, err := websocket.Accept(bw, r, s.acceptOptions())
 	if err != nil {
 		return
