@@ -64,15 +64,7 @@ func waitEvent(t *testing.T, ch chan diag.Event, typ string) diag.Event {
 // rawDial opens a WebSocket that nothing reads until the test does.
 func rawDial(t *testing.T, env *testenv.Env, path string) *websocket.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, env.URL(path), nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", path, err)
-	}
-	c.SetReadLimit(1 << 22)
-	t.Cleanup(func() { c.CloseNow() })
-	return c
+	return testenv.DialRaw(t, waitLimit, env.URL(path))
 }
 
 // pipelinedBound is the stated bound of the heap that 40,000 pipelined

@@ -20,23 +20,11 @@ import (
 // ("" sends none) and returns the HTTP status, 101 when accepted.
 func upgradeStatus(t *testing.T, env *testenv.Env, path, origin string) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
 	h := http.Header{}
 	if origin != "" {
 		h.Set("Origin", origin)
 	}
-	c, resp, err := websocket.Dial(ctx, env.URL(path), &websocket.DialOptions{HTTPHeader: h})
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
-	if err == nil {
-		c.Close(websocket.StatusNormalClosure, "")
-	}
-	if resp == nil {
-		t.Fatalf("upgrade %s: %v", path, err)
-	}
-	return resp.StatusCode
+	return testenv.UpgradeStatus(t, waitLimit, env.URL(path), h)
 }
 
 // The WebSocket origin check is on by default: a foreign Origin gets 403
