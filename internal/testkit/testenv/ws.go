@@ -131,27 +131,29 @@ func DialRaw(t testing.TB, limit time.Duration, url string) *websocket.Conn {
 	return c
 }
 
-// DialRawUntil is DialRaw for code without a testing.TB (a benchmark's
-// goroutines): it connects to url within ctx and reads the connect frames
-// until one of type last arrived (wire.MCPServers ends the agent's
-// connect sequence, wire.ChatMessages a chat's). The caller closes the
-// connection.
+// DialRawUntil is DialRaw for code without a testing.TB and for
+// benchmarks, which measure their own synchronous reads: it connects to
+// url within ctx and reads the connect frames until one of type last
+// arrived (wire.MCPServers ends the agent's connect sequence,
+// wire.ChatMessages a chat's); with last "" it reads none. Frames have no
+// size limit. The caller closes the connection.
 func DialRawUntil(ctx context.Context, url, last string) (*websocket.Conn, error) {
 	c, _, err := websocket.Dial(ctx, url, nil)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", url, err)
 	}
 	c.SetReadLimit(-1)
-	for {
+	for last != "" {
 		_, data, err := c.Read(ctx)
 		if err != nil {
 			c.CloseNow()
 			return nil, fmt.Errorf("connect frames of %s: %w", url, err)
 		}
 		if FrameType(data) == last {
-			return c, nil
+			break
 		}
 	}
+	return c, nil
 }
 
 // FrameType returns the "type" of a JSON frame, cheaply when it comes
