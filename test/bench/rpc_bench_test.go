@@ -107,38 +107,13 @@ type rpcClient struct {
 }
 
 func dialRPC(ctx context.Context, url string) (*rpcClient, error) {
-	c, _, err := websocket.Dial(ctx, url, nil)
+	// Skip the connect frames: identity, state (for a stored instance) and
+	// MCP servers, which is always last.
+	c, err := testenv.DialRawUntil(ctx, url, wire.MCPServers)
 	if err != nil {
 		return nil, err
 	}
-	// Skip the connect frames: identity, state (for a stored instance) and
-	// MCP servers, which is always last.
-	for {
-		_, data, err := c.Read(ctx)
-		if err != nil {
-			c.CloseNow()
-			return nil, err
-		}
-		var f struct {
-			Type string `json:"type"`
-		}
-		if err := json.Unmarshal(data, &f); err != nil {
-			c.CloseNow()
-			return nil, err
-		}
-		if f.Type == wire.MCPServers {
-			return &rpcClient{c: c}, nil
-		}
-	}
-}
-
-type rpcReply struct {
-	Type    string          `json:"type"`
-	ID      string          `json:"id"`
-	Success bool            `json:"success"`
-	Result  json.RawMessage `json:"result"`
-	Done    *bool           `json:"done"`
-	Error   string          `json:"error"`
+	return &rpcClient{c: c}, nil
 }
 
 // call makes one RPC call and returns its result.
@@ -160,7 +135,7 @@ func (c *rpcClient) call(ctx context.Context, method string, args []any) (json.R
 		if err != nil {
 			return nil, err
 		}
-		var r rpcReply
+		var r testenv.WireFrame
 		if err := json.Unmarshal(data, &r); err != nil {
 			return nil, err
 		}
