@@ -3,6 +3,8 @@ package testenv
 import (
 	"encoding/json"
 	"fmt"
+
+	"github.com/agentry/agentry/wire"
 )
 
 // WireFrame is a frame of any type as the tests read it: the type
@@ -12,6 +14,9 @@ import (
 // Fields that carry another package's types (a chat's messages) are
 // raw JSON, for the test to decode into that type.
 type WireFrame struct {
+	// Raw is the frame as received, for a failure's message.
+	Raw string `json:"-"`
+
 	// Type is the frame's type.
 	Type string `json:"type"`
 
@@ -60,6 +65,20 @@ type WireFrame struct {
 		RunID string `json:"runId"`
 		Body  string `json:"body"`
 	} `json:"event"`
+}
+
+// UnmarshalJSON decodes the frame and keeps its text in Raw.
+func (f *WireFrame) UnmarshalJSON(data []byte) error {
+	type fields WireFrame // without this method
+	*f = WireFrame{Raw: string(data)}
+	return json.Unmarshal(data, (*fields)(f))
+}
+
+// IsChatChunk reports whether f is a chunk of a chat turn's stream: a chat
+// response with a body that is not its end, an error or the end of a
+// replay.
+func (f WireFrame) IsChatChunk() bool {
+	return f.Type == wire.ChatResponse && !f.Ended() && !f.Failed() && !f.ReplayComplete && f.Body != ""
 }
 
 // Ended reports whether the frame says done: true (an RPC response's last
