@@ -75,8 +75,6 @@ func (c *client) next() frame {
 	return f.Value
 }
 
-// last returns the last frame received, as sent.
-func (c *client) last() string { return c.seen[len(c.seen)-1] }
 
 func (c *client) until(pred func(frame) bool) []frame {
 	c.t.Helper()
@@ -119,7 +117,7 @@ func TestKillDuringSlowTurn(t *testing.T) {
 	chunks := 0
 	c1.until(func(f frame) bool {
 		if f.Ended() {
-			t.Fatalf("the turn ended before the kill: %s", c1.last())
+			t.Fatalf("the turn ended before the kill: %s", f.Raw)
 		}
 		if content(f) && f.ID == reqID {
 			chunks++
@@ -149,11 +147,11 @@ func TestKillDuringSlowTurn(t *testing.T) {
 		c2.send(map[string]any{"type": wire.StreamResumeAck, "id": reqID})
 		resumed = c2.until(func(f frame) bool { return f.Type == wire.ChatResponse && f.ID == reqID && f.Ended() })
 	default:
-		t.Fatalf("the restarted server offered nothing to resume: %s\n%s", c2.last(), s2.Log())
+		t.Fatalf("the restarted server offered nothing to resume: %s\n%s", offer.Raw, s2.Log())
 	}
 	done := resumed[len(resumed)-1]
 	if done.Outcome != "completed" {
-		t.Fatalf("terminal frame %s", c2.last())
+		t.Fatalf("terminal frame %s", done.Raw)
 	}
 	// The resumed stream is applied as the client applies it; its message
 	// must be the stored one, part for part.
