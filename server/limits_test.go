@@ -18,6 +18,7 @@ import (
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
+	"github.com/agentry/agentry/wire"
 )
 
 // heapNow returns the live heap and the goroutine stacks (which are not on
@@ -123,7 +124,7 @@ func TestPipelinedRPCsBounded(t *testing.T) {
 	}()
 	ctx := context.Background()
 	for i := range total {
-		frame := fmt.Appendf(nil, `{"type":"rpc","id":"p%d","method":"park","args":[]}`, i)
+		frame := fmt.Appendf(nil, `{"type":%q,"id":"p%d","method":"park","args":[]}`, wire.RPC, i)
 		if err := c.Write(ctx, websocket.MessageText, frame); err != nil {
 			t.Fatalf("write call %d: %v", i, err)
 		}
@@ -161,7 +162,7 @@ func TestPipelinedRPCsBounded(t *testing.T) {
 		t.Fatalf("refused %d and succeeded %d, want %d and %d", r.refused, r.succeeded, total-inFlight, inFlight)
 	}
 	// The flooding socket itself was throttled, not closed.
-	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"rpc","id":"last","method":"ping","args":[]}`)); err != nil {
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"`+wire.RPC+`","id":"last","method":"ping","args":[]}`)); err != nil {
 		t.Fatal(err)
 	}
 	_, data, err := c.Read(ctx)
