@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/wire"
 )
 
 // TestTurnsInFlightBounded: the runtime counts the chat turns of every
@@ -67,7 +68,7 @@ func TestTurnsInFlightBounded(t *testing.T) {
 	refused(b, "s0")
 
 	// Cancelling a running turn frees its slot before its end frame.
-	c.send(map[string]any{"type": "cf_agent_chat_request_cancel", "id": "r1"})
+	c.send(map[string]any{"type": wire.ChatCancel, "id": "r1"})
 	if fs := c.until(isDone("r1")); fs[len(fs)-1].Outcome != "aborted" {
 		t.Fatalf("r1 ended with %s, want aborted", fs[len(fs)-1].Raw)
 	}
@@ -85,7 +86,7 @@ func TestTurnsInFlightBounded(t *testing.T) {
 	inFlight(2)
 	b.request("s1", userMsgID("v1", "still too many"))
 	refused(b, "s1")
-	a.send(map[string]any{"type": "cf_agent_chat_request_cancel", "id": "r2"})
+	a.send(map[string]any{"type": wire.ChatCancel, "id": "r2"})
 	if fs := a.until(isDone("r2")); fs[len(fs)-1].Outcome != "aborted" {
 		t.Fatalf("r2 ended with %s, want aborted", fs[len(fs)-1].Raw)
 	}
