@@ -92,7 +92,7 @@ func benchInFlight(b *testing.B) {
 		heap0 := memAfterGC()
 		for _, c := range cs {
 			for j := range calls {
-				if err := c.Write(context.Background(), websocket.MessageText, fmt.Appendf(nil, `{"type":"rpc","id":"c%d","method":"park","args":[]}`, j)); err != nil {
+				if err := c.Write(context.Background(), websocket.MessageText, fmt.Appendf(nil, `{"type":%q,"id":"c%d","method":"park","args":[]}`, wire.RPC, j)); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -142,7 +142,7 @@ func benchPipelined(b *testing.B) {
 			}
 		}()
 		for i := range total {
-			if err := c.Write(context.Background(), websocket.MessageText, fmt.Appendf(nil, `{"type":"rpc","id":"p%d","method":"park","args":[]}`, i)); err != nil {
+			if err := c.Write(context.Background(), websocket.MessageText, fmt.Appendf(nil, `{"type":%q,"id":"p%d","method":"park","args":[]}`, wire.RPC, i)); err != nil {
 				b.Fatal(err)
 			}
 		}
