@@ -169,7 +169,7 @@ func TestBystanderChatDuringFlood(t *testing.T) {
 
 	pipe := dial(t, env, "/agents/parker/flood")
 	flood(t, &wg, pipe, stop, started, "pipelined rpc", "too many calls in flight", func(i int) []byte {
-		return fmt.Appendf(nil, `{"type":"rpc","id":"p%d","method":"park","args":[]}`, i)
+		return fmt.Appendf(nil, `{"type":%q,"id":"p%d","method":"park","args":[]}`, wire.RPC, i)
 	})
 	big := bytes.Repeat([]byte("x"), 2<<20) // twice MaxFrameBytes
 	oversized := dial(t, env, "/agents/echo-chat/flood")
