@@ -75,7 +75,6 @@ func (c *client) next() frame {
 	return f.Value
 }
 
-
 func (c *client) until(pred func(frame) bool) []frame {
 	c.t.Helper()
 	var out []frame
