@@ -127,7 +127,7 @@ func TestChildSealedAcrossKills(t *testing.T) {
 	s := serve(t, data)
 	c := dial(t, s)
 	c.wait("the chat transcript", func(fs []testenv.Frame[agenttool.Frame]) bool {
-		return len(fs) > 0 && strings.Contains(string(fs[len(fs)-1].Raw), `"cf_agent_chat_messages"`)
+		return len(fs) > 0 && fs[len(fs)-1].Value.Type == wire.ChatMessages
 	})
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": []message.Message{{
 		ID: "u1", Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: "loop forever"}}}}})
@@ -254,7 +254,7 @@ func TestChildSealedAcrossKills(t *testing.T) {
 // its tool call has a result and its text follows, else nil.
 func chiefAnswer(fs []testenv.Frame[agenttool.Frame]) *message.Message {
 	for i := len(fs) - 1; i >= 0; i-- {
-		if !strings.Contains(string(fs[i].Raw), `"cf_agent_chat_messages"`) {
+		if fs[i].Value.Type != wire.ChatMessages {
 			continue
 		}
 		// The client decodes agent-tool events; a transcript frame is
