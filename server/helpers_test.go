@@ -77,11 +77,6 @@ func (c *client) next() map[string]any {
 	return f.Value
 }
 
-func (c *client) nextRaw() []byte {
-	c.t.Helper()
-	return c.nextFrame().Raw
-}
-
 func (c *client) nextFrame() testenv.Frame[map[string]any] {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
