@@ -67,17 +67,9 @@ func newClient(t *testing.T, ws *testenv.WSClient[map[string]any]) *client {
 	return &client{t: t, ws: ws, c: ws.Conn()}
 }
 
-// next returns the next frame as a JSON object.
+// next returns the next frame, which must be a JSON object in a text
+// frame.
 func (c *client) next() map[string]any {
-	c.t.Helper()
-	f := c.nextFrame()
-	if f.Err != nil {
-		c.t.Fatalf("server frame %q is not a JSON object: %v", f.Raw, f.Err)
-	}
-	return f.Value
-}
-
-func (c *client) nextFrame() testenv.Frame[map[string]any] {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -88,7 +80,10 @@ func (c *client) nextFrame() testenv.Frame[map[string]any] {
 	if f.MessageType != websocket.MessageText {
 		c.t.Fatalf("server sent a %v frame", f.MessageType)
 	}
-	return f
+	if f.Err != nil {
+		c.t.Fatalf("server frame %q is not a JSON object: %v", f.Raw, f.Err)
+	}
+	return f.Value
 }
 
 // expectType returns the next frame, failing unless it has type typ.
