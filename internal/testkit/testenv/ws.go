@@ -73,7 +73,9 @@ func DialWSHeader[F any](t testing.TB, limit time.Duration, url string, h http.H
 // failing the test. The client is nil when err is not.
 func TryDialWS[F any](t testing.TB, limit time.Duration, url string, h http.Header) (*WSClient[F], *http.Response, error) {
 	t.Helper()
-	c, resp, err := dialConn(context.Background(), limit, url, h)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	c, resp, err := dialConn(ctx, url, h)
 	if err != nil {
 		return nil, resp, err
 	}
@@ -83,11 +85,10 @@ func TryDialWS[F any](t testing.TB, limit time.Duration, url string, h http.Head
 	return cl, resp, nil
 }
 
-// dialConn dials url with headers h within limit (and ctx), closes the
-// handshake response's body and lifts the read limit.
-func dialConn(ctx context.Context, limit time.Duration, url string, h http.Header) (*websocket.Conn, *http.Response, error) {
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
+// dialConn dials url with headers h within ctx, closes the handshake
+// response's body and lifts the read limit. It is the test kit's one
+// WebSocket dial.
+func dialConn(ctx context.Context, url string, h http.Header) (*websocket.Conn, *http.Response, error) {
 	c, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: h})
 	if resp != nil && resp.Body != nil {
 		resp.Body.Close()
@@ -105,7 +106,9 @@ func dialConn(ctx context.Context, limit time.Duration, url string, h http.Heade
 // HTTP response fails the test.
 func UpgradeStatus(t testing.TB, limit time.Duration, url string, h http.Header) int {
 	t.Helper()
-	c, resp, err := dialConn(context.Background(), limit, url, h)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	c, resp, err := dialConn(ctx, url, h)
 	if err == nil {
 		c.Close(websocket.StatusNormalClosure, "")
 	}
@@ -119,11 +122,12 @@ func UpgradeStatus(t testing.TB, limit time.Duration, url string, h http.Header)
 // which nothing reads until the test does and which is closed on the
 // test's cleanup; frames have no size limit. It is for the tests whose
 // point is the transport itself (a client that never reads, a flood of
-// pipelined frames, frames that are not JSON, a synchronous client whose
-// latency is measured); every other test uses a WSClient.
+// pipelined frames); every other test uses a WSClient.
 func DialRaw(t testing.TB, limit time.Duration, url string) *websocket.Conn {
 	t.Helper()
-	c, _, err := dialConn(context.Background(), limit, url, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	c, _, err := dialConn(ctx, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,11 +142,10 @@ func DialRaw(t testing.TB, limit time.Duration, url string) *websocket.Conn {
 // wire.ChatMessages a chat's); with last "" it reads none. Frames have no
 // size limit. The caller closes the connection.
 func DialRawUntil(ctx context.Context, url, last string) (*websocket.Conn, error) {
-	c, _, err := websocket.Dial(ctx, url, nil)
+	c, _, err := dialConn(ctx, url, nil)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", url, err)
+		return nil, err
 	}
-	c.SetReadLimit(-1)
 	for last != "" {
 		_, data, err := c.Read(ctx)
 		if err != nil {
