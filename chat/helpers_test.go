@@ -408,6 +408,8 @@ func messageOf(t *testing.T, f frame) *message.Message {
 	return &m
 }
 
+// isResponse reports whether f is a chat response (a chunk, an error or
+// a turn's end).
 func isResponse(f frame) bool { return f.Type == wire.ChatResponse }
 
 // wsClient is a chat test's WebSocket connection (testenv.WSClient) that
