@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/diag"
@@ -17,11 +15,11 @@ import (
 
 // Group K (EX, OB): registry, drill-in gating, clear, observability.
 
+// dialFails requires that a WebSocket to path is refused with 404.
 func dialFails(t *testing.T, env *testenv.Env, path string) {
 	t.Helper()
-	c, resp, err := websocket.Dial(testCtx(t), env.URL("/agents/"+path), nil)
+	_, resp, err := testenv.TryDialWS[testenv.WireFrame](t, waitLimit, env.URL("/agents/"+path), nil)
 	if err == nil {
-		c.Close(websocket.StatusNormalClosure, "")
 		t.Fatalf("dial %s succeeded", path)
 	}
 	if resp == nil || resp.StatusCode != http.StatusNotFound {

@@ -14,6 +14,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/sqlite"
 )
@@ -173,13 +174,9 @@ func TestFullDiskRefusesNewAgents(t *testing.T) {
 	// which the npm client reconnects after.
 	wctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(wctx, "ws"+strings.TrimPrefix(env.HTTP.URL, "http")+"/agents/bot/new-socket", nil)
-	if err != nil {
-		t.Fatalf("WebSocket to a new agent on a full disk: %v", err)
-	}
-	_, _, rerr := ws.Read(wctx)
-	if code := websocket.CloseStatus(rerr); code != websocket.StatusTryAgainLater {
-		t.Fatalf("WebSocket to a new agent on a full disk: %v, want a close with 1013", rerr)
+	ws := testenv.DialWS[testenv.WireFrame](t, 30*time.Second, "ws"+strings.TrimPrefix(env.HTTP.URL, "http")+"/agents/bot/new-socket")
+	if ce, err := ws.CloseError(wctx); err != nil || ce.Code != websocket.StatusTryAgainLater || len(ws.Frames()) != 0 {
+		t.Fatalf("WebSocket to a new agent on a full disk: %d frames, then %v %v, want a close with 1013", len(ws.Frames()), ce, err)
 	}
 	resp, err = c.Get(env.HTTP.URL + "/agents/bot/old/get-messages")
 	if err != nil {

@@ -368,30 +368,12 @@ func startEnv(t *testing.T, dir string, rtClock clockwork.Clock, cfg chat.Config
 	return env, turns
 }
 
-// wireFrame is any server frame, decoded loosely.
-type wireFrame struct {
-	Type           string            `json:"type"`
-	ID             string            `json:"id"`
-	Body           string            `json:"body"`
-	Done           bool              `json:"done"`
-	Error          flag              `json:"error"`
-	Continuation   bool              `json:"continuation"`
-	Replay         bool              `json:"replay"`
-	ReplayComplete bool              `json:"replayComplete"`
-	Seq            *int              `json:"seq"`
-	MessageIDs     []string          `json:"messageIds"`
-	Outcome        string            `json:"outcome"`
-	Messages       []message.Message `json:"messages"`
-	Message        *message.Message  `json:"message"`
-	Connect        bool              `json:"connect"`
-	ProbeID        string            `json:"probeId"`
-	Reason         string            `json:"reason"`
+// frame is a server frame as the tests read it: testenv.WireFrame, the
+// tests' one frame type.
+type frame = testenv.WireFrame
 
-	raw string
-}
-
-// chunk decodes the UI message chunk a content frame carries.
-func (f wireFrame) chunk(t *testing.T) message.Chunk {
+// chunkOf decodes the UI message chunk a content frame carries.
+func chunkOf(t *testing.T, f frame) message.Chunk {
 	t.Helper()
 	var c message.Chunk
 	if err := json.Unmarshal([]byte(f.Body), &c); err != nil {
@@ -400,30 +382,43 @@ func (f wireFrame) chunk(t *testing.T) message.Chunk {
 	return c
 }
 
-// flag is a boolean field that tolerates other JSON (agentry_error frames
-// carry an error string).
-type flag bool
-
-func (b *flag) UnmarshalJSON(data []byte) error {
-	*b = string(data) == "true"
-	return nil
+// messagesOf decodes the transcript a chat messages frame carries.
+func messagesOf(t *testing.T, f frame) []message.Message {
+	t.Helper()
+	var msgs []message.Message
+	if len(f.Messages) > 0 {
+		if err := json.Unmarshal(f.Messages, &msgs); err != nil {
+			t.Fatalf("frame %s: messages: %v", f.Raw, err)
+		}
+	}
+	return msgs
 }
 
-func (f wireFrame) isResponse() bool { return f.Type == wire.ChatResponse }
-
-// isContent reports whether f is a chunk frame (not control, error or
-// terminal).
-func (f wireFrame) isContent() bool {
-	return f.isResponse() && !f.Done && !bool(f.Error) && !f.ReplayComplete && f.Body != ""
+// messageOf decodes the message a message-updated frame carries (nil when
+// it has none).
+func messageOf(t *testing.T, f frame) *message.Message {
+	t.Helper()
+	if len(f.Message) == 0 || string(f.Message) == "null" {
+		return nil
+	}
+	var m message.Message
+	if err := json.Unmarshal(f.Message, &m); err != nil {
+		t.Fatalf("frame %s: message: %v", f.Raw, err)
+	}
+	return &m
 }
+
+// isResponse reports whether f is a chat response (a chunk, an error or
+// a turn's end).
+func isResponse(f frame) bool { return f.Type == wire.ChatResponse }
 
 // wsClient is a chat test's WebSocket connection (testenv.WSClient) that
 // takes the frames one by one.
 type wsClient struct {
 	t  *testing.T
-	ws *testenv.WSClient[wireFrame]
+	ws *testenv.WSClient[frame]
 	// all is every frame read so far, in order.
-	all []wireFrame
+	all []frame
 }
 
 func dial(t *testing.T, env *testenv.Env, path string) *wsClient {
@@ -433,12 +428,12 @@ func dial(t *testing.T, env *testenv.Env, path string) *wsClient {
 
 func dialURL(t *testing.T, url string) *wsClient {
 	t.Helper()
-	return &wsClient{t: t, ws: testenv.DialWS[wireFrame](t, waitLimit, url)}
+	return &wsClient{t: t, ws: testenv.DialWS[frame](t, waitLimit, url)}
 }
 
 // next returns the next frame; a connection that ends first, or no frame
 // within waitLimit, fails the test.
-func (c *wsClient) next() wireFrame {
+func (c *wsClient) next() frame {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -450,16 +445,15 @@ func (c *wsClient) next() wireFrame {
 		c.t.Fatalf("frame %s: %v", fr.Raw, fr.Err)
 	}
 	f := fr.Value
-	f.raw = string(fr.Raw)
 	c.all = append(c.all, f)
 	return f
 }
 
 // until reads frames until pred accepts one, and returns the frames read
 // (the accepted one last).
-func (c *wsClient) until(pred func(wireFrame) bool) []wireFrame {
+func (c *wsClient) until(pred func(frame) bool) []frame {
 	c.t.Helper()
-	var got []wireFrame
+	var got []frame
 	for {
 		f := c.next()
 		got = append(got, f)
@@ -469,23 +463,23 @@ func (c *wsClient) until(pred func(wireFrame) bool) []wireFrame {
 	}
 }
 
-func (c *wsClient) expect(typ string) wireFrame {
+func (c *wsClient) expect(typ string) frame {
 	c.t.Helper()
 	f := c.next()
 	if f.Type != typ {
-		c.t.Fatalf("got frame %s, want type %s", f.raw, typ)
+		c.t.Fatalf("got frame %s, want type %s", f.Raw, typ)
 	}
 	return f
 }
 
 // handshake reads the connect frames up to the chat transcript and returns
 // the transcript frame.
-func (c *wsClient) handshake() wireFrame {
+func (c *wsClient) handshake() frame {
 	c.t.Helper()
-	fs := c.until(func(f wireFrame) bool { return f.Type == wire.ChatMessages })
+	fs := c.until(func(f frame) bool { return f.Type == wire.ChatMessages })
 	f := fs[len(fs)-1]
 	if !f.Connect {
-		c.t.Fatalf("first transcript frame %s lacks connect:true", f.raw)
+		c.t.Fatalf("first transcript frame %s lacks connect:true", f.Raw)
 	}
 	return f
 }
@@ -514,8 +508,8 @@ func (c *wsClient) ack(id string) {
 	c.send(map[string]any{"type": wire.StreamResumeAck, "id": id})
 }
 
-func isDone(id string) func(wireFrame) bool {
-	return func(f wireFrame) bool { return f.isResponse() && f.ID == id && f.Done }
+func isDone(id string) func(frame) bool {
+	return func(f frame) bool { return isResponse(f) && f.ID == id && f.Ended() }
 }
 
 // getMessages fetches the transcript over HTTP.
@@ -537,13 +531,13 @@ func getMessages(t *testing.T, base, path string) []message.Message {
 }
 
 // seqs returns the seq of every content frame of stream id.
-func seqs(t *testing.T, fs []wireFrame, id string) []int {
+func seqs(t *testing.T, fs []frame, id string) []int {
 	t.Helper()
 	var out []int
 	for _, f := range fs {
-		if f.isContent() && f.ID == id {
+		if f.IsChatChunk() && f.ID == id {
 			if f.Seq == nil {
-				t.Fatalf("content frame without seq: %s", f.raw)
+				t.Fatalf("content frame without seq: %s", f.Raw)
 			}
 			out = append(out, *f.Seq)
 		}

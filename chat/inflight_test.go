@@ -9,6 +9,7 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/wire"
 )
 
 // TestTurnsInFlightBounded: the runtime counts the chat turns of every
@@ -45,9 +46,9 @@ func TestTurnsInFlightBounded(t *testing.T) {
 	refused := func(ws *wsClient, id string) {
 		t.Helper()
 		fs := ws.until(isDone(id))
-		if last := fs[len(fs)-1]; !bool(last.Error) || !strings.Contains(last.Body, "too many chat turns are in flight on this server") ||
+		if last := fs[len(fs)-1]; !last.Failed() || !strings.Contains(last.Body, "too many chat turns are in flight on this server") ||
 			!strings.Contains(last.Body, "limit is 2") {
-			t.Fatalf("%s ended with %s, want the turns-in-flight error", id, last.raw)
+			t.Fatalf("%s ended with %s, want the turns-in-flight error", id, last.Raw)
 		}
 	}
 	inFlight := func(want int) {
@@ -67,9 +68,9 @@ func TestTurnsInFlightBounded(t *testing.T) {
 	refused(b, "s0")
 
 	// Cancelling a running turn frees its slot before its end frame.
-	c.send(map[string]any{"type": "cf_agent_chat_request_cancel", "id": "r1"})
+	c.send(map[string]any{"type": wire.ChatCancel, "id": "r1"})
 	if fs := c.until(isDone("r1")); fs[len(fs)-1].Outcome != "aborted" {
-		t.Fatalf("r1 ended with %s, want aborted", fs[len(fs)-1].raw)
+		t.Fatalf("r1 ended with %s, want aborted", fs[len(fs)-1].Raw)
 	}
 	inFlight(1)
 
@@ -78,16 +79,16 @@ func TestTurnsInFlightBounded(t *testing.T) {
 	// (The answer offers r0's stream; acknowledging it goes on with r0.)
 	a.request("r2", userMsgID("u1", "queued"))
 	a.probe("p")
-	if f := a.until(func(f wireFrame) bool { return f.ProbeID == "p" }); f[len(f)-1].ID != "r0" {
-		t.Fatalf("probe answer %s, want the offer of r0", f[len(f)-1].raw)
+	if f := a.until(func(f frame) bool { return f.ProbeID == "p" }); f[len(f)-1].ID != "r0" {
+		t.Fatalf("probe answer %s, want the offer of r0", f[len(f)-1].Raw)
 	}
 	a.ack("r0")
 	inFlight(2)
 	b.request("s1", userMsgID("v1", "still too many"))
 	refused(b, "s1")
-	a.send(map[string]any{"type": "cf_agent_chat_request_cancel", "id": "r2"})
+	a.send(map[string]any{"type": wire.ChatCancel, "id": "r2"})
 	if fs := a.until(isDone("r2")); fs[len(fs)-1].Outcome != "aborted" {
-		t.Fatalf("r2 ended with %s, want aborted", fs[len(fs)-1].raw)
+		t.Fatalf("r2 ended with %s, want aborted", fs[len(fs)-1].Raw)
 	}
 	inFlight(1)
 	b.request("s2", userMsgID("v2", "now there is room"))
@@ -99,8 +100,8 @@ func TestTurnsInFlightBounded(t *testing.T) {
 		id string
 	}{{a, "r0"}, {b, "s2"}} {
 		fs := x.ws.until(isDone(x.id))
-		if end := fs[len(fs)-1]; bool(end.Error) || end.Outcome != "completed" {
-			t.Fatalf("%s ended with %s, want completed", x.id, end.raw)
+		if end := fs[len(fs)-1]; end.Failed() || end.Outcome != "completed" {
+			t.Fatalf("%s ended with %s, want completed", x.id, end.Raw)
 		}
 	}
 	inFlight(0)

@@ -222,10 +222,10 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 	c := dial(t, env, path)
 	c.handshake()
 	if f := c.next(); f.Type != wire.StreamResuming || f.ID != id {
-		t.Fatalf("no offer of the recovered stream: %s", f.raw)
+		t.Fatalf("no offer of the recovered stream: %s", f.Raw)
 	}
 	c.ack(id)
-	replay := c.until(func(f wireFrame) bool { return f.ReplayComplete })
+	replay := c.until(func(f frame) bool { return f.ReplayComplete })
 	stop := pump(mclk, modelDelay)
 	defer stop()
 	c.until(isDone(id))
@@ -241,18 +241,18 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 	if len(s) <= maxSeq+1 {
 		t.Fatalf("seqs %v: nothing after the %d chunks from before the crash", s, maxSeq+1)
 	}
-	if first := replay[0]; !first.isContent() || first.chunk(t).Type != message.ChunkStart {
-		t.Fatalf("the retried stream does not start with start: %s", first.raw)
+	if first := replay[0]; !first.IsChatChunk() || chunkOf(t, first).Type != message.ChunkStart {
+		t.Fatalf("the retried stream does not start with start: %s", first.Raw)
 	}
 	d := c.all[len(c.all)-1]
 	if d.Outcome != chat.OutcomeCompleted || d.Replay {
-		t.Fatalf("terminal frame %s", d.raw)
+		t.Fatalf("terminal frame %s", d.Raw)
 	}
 	want := "You said: " + question
 	var streamed strings.Builder
 	for _, f := range c.all {
-		if f.isContent() && f.ID == id {
-			if ch := f.chunk(t); ch.Type == message.ChunkTextDelta {
+		if f.IsChatChunk() && f.ID == id {
+			if ch := chunkOf(t, f); ch.Type == message.ChunkTextDelta {
 				streamed.WriteString(ch.Delta)
 			}
 		}

@@ -30,13 +30,13 @@ func TestResentRequestReplaysItsTurn(t *testing.T) {
 	c2.request("req-r", userMsgID("u-r", "hi"))
 	again := c2.until(isDone("req-r"))
 
-	bodies := func(fs []wireFrame) []string {
+	bodies := func(fs []frame) []string {
 		var out []string
 		for _, f := range fs {
-			if f.isResponse() && f.ID == "req-r" && bool(f.Error) {
-				t.Fatalf("error frame for the re-sent request: %s", f.raw)
+			if isResponse(f) && f.ID == "req-r" && f.Failed() {
+				t.Fatalf("error frame for the re-sent request: %s", f.Raw)
 			}
-			if f.isContent() && f.ID == "req-r" {
+			if f.IsChatChunk() && f.ID == "req-r" {
 				out = append(out, f.Body)
 			}
 		}
@@ -46,7 +46,7 @@ func TestResentRequestReplaysItsTurn(t *testing.T) {
 		t.Fatalf("re-sent request got chunks %q, want the turn's %q", b2, b1)
 	}
 	if d := again[len(again)-1]; d.Outcome != chat.OutcomeCompleted {
-		t.Fatalf("re-sent request's end %s, want completed", d.raw)
+		t.Fatalf("re-sent request's end %s, want completed", d.Raw)
 	}
 	if n := len(m.Calls()); n != 1 {
 		t.Fatalf("the model was called %d times, want once", n)

@@ -80,19 +80,19 @@ func TestToolStreamParts(t *testing.T) {
 
 	var order []string
 	for _, f := range live {
-		if !f.isContent() || f.ID != "r1" {
+		if !f.IsChatChunk() || f.ID != "r1" {
 			continue
 		}
-		ch := f.chunk(t)
+		ch := chunkOf(t, f)
 		switch {
 		case ch.Type == "data-ping":
 			if f.Seq != nil || !ch.IsTransient() {
-				t.Errorf("transient frame %s: want transient:true and no seq", f.raw)
+				t.Errorf("transient frame %s: want transient:true and no seq", f.Raw)
 			}
 			order = append(order, "ping")
 		case ch.Type == "data-status":
 			if f.Seq == nil {
-				t.Errorf("data frame without seq: %s", f.raw)
+				t.Errorf("data frame without seq: %s", f.Raw)
 			}
 			order = append(order, "status"+string(ch.Data))
 		case ch.Type == message.ChunkToolOutputAvailable:
@@ -142,13 +142,13 @@ func TestToolStreamParts(t *testing.T) {
 	c2.handshake()
 	c2.ack("r1")
 	for _, f := range c2.until(isDone("r1")) {
-		if f.isContent() && strings.Contains(f.Body, "data-ping") {
-			t.Errorf("replay has the transient chunk: %s", f.raw)
+		if f.IsChatChunk() && strings.Contains(f.Body, "data-ping") {
+			t.Errorf("replay has the transient chunk: %s", f.Raw)
 		}
 	}
 	replayed := 0
 	for _, f := range c2.all {
-		if f.isContent() && strings.Contains(f.Body, "data-status") {
+		if f.IsChatChunk() && strings.Contains(f.Body, "data-status") {
 			replayed++
 		}
 	}

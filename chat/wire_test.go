@@ -78,11 +78,11 @@ func TestModelPublicErrorHeadless(t *testing.T) {
 // frames, then {body:<text>, done:false, error:true}, then
 // {body:"", done:true, outcome:"error", messageIds}, and nothing else for
 // the request. It returns the error text; errText "" accepts any.
-func checkErrorFrames(t *testing.T, fs []wireFrame, id, errText, userID string) string {
+func checkErrorFrames(t *testing.T, fs []frame, id, errText, userID string) string {
 	t.Helper()
-	var mine []wireFrame
+	var mine []frame
 	for _, f := range fs {
-		if f.isResponse() && f.ID == id {
+		if isResponse(f) && f.ID == id {
 			mine = append(mine, f)
 		}
 	}
@@ -91,18 +91,18 @@ func checkErrorFrames(t *testing.T, fs []wireFrame, id, errText, userID string) 
 		t.Fatalf("frames %v", mine)
 	}
 	e, d := mine[n-2], mine[n-1]
-	if !bool(e.Error) || e.Done || (errText != "" && e.Body != errText) || !json.Valid([]byte(e.raw)) {
-		t.Fatalf("error frame %s, want body %q done:false error:true", e.raw, errText)
+	if !e.Failed() || e.Ended() || (errText != "" && e.Body != errText) || !json.Valid([]byte(e.Raw)) {
+		t.Fatalf("error frame %s, want body %q done:false error:true", e.Raw, errText)
 	}
-	if !d.Done || d.Body != "" || d.Outcome != chat.OutcomeError || bool(d.Error) || !slices.Equal(d.MessageIDs, []string{userID}) {
-		t.Fatalf("terminal frame %s, want done:true outcome:error messageIds:[%s]", d.raw, userID)
+	if !d.Ended() || d.Body != "" || d.Outcome != chat.OutcomeError || d.Failed() || !slices.Equal(d.MessageIDs, []string{userID}) {
+		t.Fatalf("terminal frame %s, want done:true outcome:error messageIds:[%s]", d.Raw, userID)
 	}
 	for _, f := range mine[:n-2] {
-		if !f.isContent() {
-			t.Fatalf("unexpected frame before the error: %s", f.raw)
+		if !f.IsChatChunk() {
+			t.Fatalf("unexpected frame before the error: %s", f.Raw)
 		}
-		if c := f.chunk(t); c.Type == message.ChunkError {
-			t.Fatalf("an error chunk was forwarded as a body: %s", f.raw)
+		if c := chunkOf(t, f); c.Type == message.ChunkError {
+			t.Fatalf("an error chunk was forwarded as a body: %s", f.Raw)
 		}
 	}
 	return e.Body
@@ -173,14 +173,14 @@ func TestHandlerTurnOnTheWire(t *testing.T) {
 	if got := chat.MessageText(asst); got != "Intro. You said: hi" {
 		t.Fatalf("answer %q", got)
 	}
-	for name, fs := range map[string][]wireFrame{"requester": f1, "other": f2} {
-		var content []wireFrame
+	for name, fs := range map[string][]frame{"requester": f1, "other": f2} {
+		var content []frame
 		for _, f := range fs {
-			if f.isContent() && f.ID == "req-ok" {
+			if f.IsChatChunk() && f.ID == "req-ok" {
 				content = append(content, f)
 			}
 		}
-		first, last := content[0].chunk(t), content[len(content)-1].chunk(t)
+		first, last := chunkOf(t, content[0]), chunkOf(t, content[len(content)-1])
 		if first.Type != message.ChunkStart || first.MessageID != asst.ID {
 			t.Fatalf("%s: first chunk %s, want start with messageId %s", name, content[0].Body, asst.ID)
 		}
@@ -190,30 +190,34 @@ func TestHandlerTurnOnTheWire(t *testing.T) {
 		consecutive(t, name, seqs(t, fs, "req-ok"), 0)
 		d := fs[len(fs)-1]
 		if d.Outcome != chat.OutcomeCompleted || d.Body != "" || !slices.Equal(d.MessageIDs, []string{"u-ok"}) {
-			t.Fatalf("%s: terminal frame %s", name, d.raw)
+			t.Fatalf("%s: terminal frame %s", name, d.Raw)
 		}
 	}
 	// The other connection: the transcript with the answer, then done.
-	withAnswer := slices.IndexFunc(f2, func(f wireFrame) bool {
-		return f.Type == wire.ChatMessages && len(f.Messages) == 2 && f.Messages[1].ID == asst.ID
+	withAnswer := slices.IndexFunc(f2, func(f frame) bool {
+		if f.Type != wire.ChatMessages {
+			return false
+		}
+		msgs := messagesOf(t, f)
+		return len(msgs) == 2 && msgs[1].ID == asst.ID
 	})
 	if withAnswer < 0 {
 		t.Fatalf("the other connection never got the transcript with the answer")
 	}
-	if got := chat.MessageText(f2[withAnswer].Messages[1]); got != "Intro. You said: hi" {
+	if got := chat.MessageText(messagesOf(t, f2[withAnswer])[1]); got != "Intro. You said: hi" {
 		t.Fatalf("broadcast answer %q", got)
 	}
 	// (withAnswer < the index of done, since f2 ends with done.)
-	if slices.ContainsFunc(f1, func(f wireFrame) bool { return f.Type == wire.ChatMessages }) {
+	if slices.ContainsFunc(f1, func(f frame) bool { return f.Type == wire.ChatMessages }) {
 		t.Fatalf("the requester got a transcript frame during its own turn")
 	}
 	// Exactly one done per connection: probe, and read up to the answer.
 	for name, c := range map[string]*wsClient{"requester": c1, "other": c2} {
 		c.probe("after")
-		c.until(func(f wireFrame) bool { return f.Type == wire.StreamResumeNone })
+		c.until(func(f frame) bool { return f.Type == wire.StreamResumeNone })
 		dones := 0
 		for _, f := range c.all {
-			if f.isResponse() && f.ID == "req-ok" && f.Done {
+			if isResponse(f) && f.ID == "req-ok" && f.Ended() {
 				dones++
 			}
 		}
@@ -247,11 +251,11 @@ func TestResumeProtocol(t *testing.T) {
 	// Idle: nothing to resume. The connection's first probe, answered
 	// idle, is preceded by the transcript.
 	c1.probe("p-idle")
-	if f := c1.expect(wire.ChatMessages); len(f.Messages) != 0 {
-		t.Fatalf("transcript before the first idle answer %s", f.raw)
+	if f := c1.expect(wire.ChatMessages); len(messagesOf(t, f)) != 0 {
+		t.Fatalf("transcript before the first idle answer %s", f.Raw)
 	}
 	if f := c1.expect(wire.StreamResumeNone); f.Reason != "idle" || f.ProbeID != "p-idle" {
-		t.Fatalf("idle probe answer %s", f.raw)
+		t.Fatalf("idle probe answer %s", f.Raw)
 	}
 
 	// "You said: hello there my friend" streams as 8 deltas of 4; the model
@@ -263,7 +267,7 @@ func TestResumeProtocol(t *testing.T) {
 	step(t, mclk, delay)
 	step(t, mclk, delay)
 	// start, start-step, text-start and three deltas: seq 0..5.
-	c1.until(func(f wireFrame) bool { return f.isContent() && *f.Seq == 5 })
+	c1.until(func(f frame) bool { return f.IsChatChunk() && *f.Seq == 5 })
 	if err := mclk.BlockUntilContext(ctx, 1); err != nil { // held again
 		t.Fatal(err)
 	}
@@ -271,21 +275,21 @@ func TestResumeProtocol(t *testing.T) {
 	c2 := dial(t, env, path)
 	c2.handshake()
 	if f := c2.next(); f.Type != wire.StreamResuming || f.ID != "req1" {
-		t.Fatalf("no proactive offer of the live stream: %s", f.raw)
+		t.Fatalf("no proactive offer of the live stream: %s", f.Raw)
 	}
 	c2.probe("p-live")
 	if f := c2.next(); f.Type != wire.StreamResuming || f.ID != "req1" || f.ProbeID != "p-live" {
-		t.Fatalf("live probe answer %s", f.raw)
+		t.Fatalf("live probe answer %s", f.Raw)
 	}
 	c2.ack("req1")
-	replay := c2.until(func(f wireFrame) bool { return f.ReplayComplete })
+	replay := c2.until(func(f frame) bool { return f.ReplayComplete })
 	rc := replay[len(replay)-1]
-	if !rc.Replay || rc.Done || rc.Body != "" || rc.ID != "req1" {
-		t.Fatalf("replayComplete frame %s", rc.raw)
+	if !rc.Replay || rc.Ended() || rc.Body != "" || rc.ID != "req1" {
+		t.Fatalf("replayComplete frame %s", rc.Raw)
 	}
 	for _, f := range replay[:len(replay)-1] {
-		if !f.isContent() || !f.Replay {
-			t.Fatalf("replayed frame %s", f.raw)
+		if !f.IsChatChunk() || !f.Replay {
+			t.Fatalf("replayed frame %s", f.Raw)
 		}
 	}
 	consecutive(t, "replay", seqs(t, replay, "req1"), 0)
@@ -296,9 +300,9 @@ func TestResumeProtocol(t *testing.T) {
 	// Live again, one event at a time: the resumed connection gets each
 	// chunk live, right after the replay.
 	step(t, mclk, delay)
-	f := c2.until(func(f wireFrame) bool { return f.isContent() })
+	f := c2.until(func(f frame) bool { return f.IsChatChunk() })
 	if f[len(f)-1].Replay || *f[len(f)-1].Seq != 6 {
-		t.Fatalf("first live frame after the replay %s, want seq 6 not replayed", f[len(f)-1].raw)
+		t.Fatalf("first live frame after the replay %s, want seq 6 not replayed", f[len(f)-1].Raw)
 	}
 	stop := pump(mclk, delay)
 	defer stop()
@@ -317,7 +321,7 @@ func TestResumeProtocol(t *testing.T) {
 	bodies := func(c *wsClient) []string {
 		var out []string
 		for _, f := range c.all {
-			if f.isContent() && f.ID == "req1" {
+			if f.IsChatChunk() && f.ID == "req1" {
 				out = append(out, f.Body)
 			}
 		}
@@ -327,8 +331,8 @@ func TestResumeProtocol(t *testing.T) {
 		t.Fatal("replayed and live chunks differ between the connections")
 	}
 	for _, f := range c2.all {
-		if f.isContent() && f.ID == "req1" && f.Replay != (*f.Seq <= 5) {
-			t.Fatalf("frame %s: replay flag wrong", f.raw)
+		if f.IsChatChunk() && f.ID == "req1" && f.Replay != (*f.Seq <= 5) {
+			t.Fatalf("frame %s: replay flag wrong", f.Raw)
 		}
 	}
 
@@ -339,7 +343,7 @@ func TestResumeProtocol(t *testing.T) {
 	fin := c3.until(isDone("req1"))
 	d := fin[len(fin)-1]
 	if !d.Replay || d.Outcome != chat.OutcomeCompleted || !slices.Equal(d.MessageIDs, []string{"u1"}) {
-		t.Fatalf("terminal replay frame %s", d.raw)
+		t.Fatalf("terminal replay frame %s", d.Raw)
 	}
 	s3 := seqs(t, fin, "req1")
 	consecutive(t, "finished replay", s3, 0)
@@ -347,24 +351,24 @@ func TestResumeProtocol(t *testing.T) {
 		t.Fatalf("finished replay has %d chunks, want %d", len(s3), len(s1))
 	}
 	for _, f := range fin[:len(fin)-1] {
-		if !f.isContent() || !f.Replay {
-			t.Fatalf("finished replay frame %s", f.raw)
+		if !f.IsChatChunk() || !f.Replay {
+			t.Fatalf("finished replay frame %s", f.Raw)
 		}
 	}
 
 	// An unknown stream: a bare terminal replay frame.
 	c3.ack("nope")
 	u := c3.next()
-	if !u.isResponse() || u.ID != "nope" || !u.Done || !u.Replay || u.Body != "" || u.Outcome != "" {
-		t.Fatalf("unknown stream ack answer %s", u.raw)
+	if !isResponse(u) || u.ID != "nope" || !u.Ended() || !u.Replay || u.Body != "" || u.Outcome != "" {
+		t.Fatalf("unknown stream ack answer %s", u.Raw)
 	}
 	// And the probe is idle again (c3's first: the transcript comes first).
 	c3.probe("p-end")
-	if f := c3.expect(wire.ChatMessages); len(f.Messages) != 2 {
-		t.Fatalf("transcript before the first idle answer %s", f.raw)
+	if f := c3.expect(wire.ChatMessages); len(messagesOf(t, f)) != 2 {
+		t.Fatalf("transcript before the first idle answer %s", f.Raw)
 	}
 	if f := c3.expect(wire.StreamResumeNone); f.ProbeID != "p-end" {
-		t.Fatalf("probe answer %s", f.raw)
+		t.Fatalf("probe answer %s", f.Raw)
 	}
 }
 
@@ -387,45 +391,45 @@ func TestFirstProbeCarriesTheTranscript(t *testing.T) {
 	if err := mclk.BlockUntilContext(ctx, 1); err != nil { // held after the first event
 		t.Fatal(err)
 	}
-	c1.until(func(f wireFrame) bool { return f.isContent() })
+	c1.until(func(f frame) bool { return f.IsChatChunk() })
 	// Both connect mid-turn: the transcript on connect holds the question
 	// alone, and the stream is offered. c2's chat does not listen yet;
 	// c3's probes.
 	c2, c3 := dial(t, env, path), dial(t, env, path)
 	for _, c := range []*wsClient{c2, c3} {
-		if f := c.handshake(); len(f.Messages) != 1 {
-			t.Fatalf("transcript on connect mid-turn %s", f.raw)
+		if f := c.handshake(); len(messagesOf(t, f)) != 1 {
+			t.Fatalf("transcript on connect mid-turn %s", f.Raw)
 		}
 		c.expect(wire.StreamResuming)
 	}
 	c3.probe("p3")
 	if f := c3.expect(wire.StreamResuming); f.ProbeID != "p3" {
-		t.Fatalf("live probe answer %s", f.raw)
+		t.Fatalf("live probe answer %s", f.Raw)
 	}
 	stop := pump(mclk, delay)
 	c1.until(isDone("req1"))
 	turns.wait(t, "turn", "stream", "req1")
 	stop()
-	ended := func(f wireFrame) bool { return f.Type == wire.ChatMessages && len(f.Messages) == 2 }
+	ended := func(f frame) bool { return f.Type == wire.ChatMessages && len(messagesOf(t, f)) == 2 }
 	c2.until(ended) // the broadcast at the turn's end, which c2's chat missed
 	c3.until(ended)
 
 	c2.probe("p2")
 	f := c2.expect(wire.ChatMessages)
-	if len(f.Messages) != 2 || f.Messages[0].ID != "u1" || f.Messages[1].Role != message.RoleAssistant ||
-		!strings.Contains(dump(f.Messages[1:]), "You said: hello there") || f.Connect {
-		t.Fatalf("transcript before the first idle answer %s", f.raw)
+	if msgs := messagesOf(t, f); len(msgs) != 2 || msgs[0].ID != "u1" || msgs[1].Role != message.RoleAssistant ||
+		!strings.Contains(dump(msgs[1:]), "You said: hello there") || f.Connect {
+		t.Fatalf("transcript before the first idle answer %s", f.Raw)
 	}
 	if f := c2.expect(wire.StreamResumeNone); f.Reason != "idle" || f.ProbeID != "p2" {
-		t.Fatalf("idle probe answer %s", f.raw)
+		t.Fatalf("idle probe answer %s", f.Raw)
 	}
 	c2.probe("p2-again")
 	if f := c2.expect(wire.StreamResumeNone); f.ProbeID != "p2-again" {
-		t.Fatalf("second probe answer %s", f.raw)
+		t.Fatalf("second probe answer %s", f.Raw)
 	}
 	c3.probe("p3-idle")
 	if f := c3.expect(wire.StreamResumeNone); f.ProbeID != "p3-idle" {
-		t.Fatalf("idle probe after a live one %s", f.raw)
+		t.Fatalf("idle probe after a live one %s", f.Raw)
 	}
 }
 
@@ -448,10 +452,10 @@ func TestClearDuringTurn(t *testing.T) {
 		t.Fatal(err)
 	}
 	step(t, mclk, delay)
-	c1.until(func(f wireFrame) bool { return f.isContent() && *f.Seq == 4 })
+	c1.until(func(f frame) bool { return f.IsChatChunk() && *f.Seq == 4 })
 
 	c1.send(map[string]any{"type": wire.ChatClear})
-	c2.until(func(f wireFrame) bool { return f.Type == wire.ChatClear })
+	c2.until(func(f frame) bool { return f.Type == wire.ChatClear })
 	var res chat.TurnResult
 	select {
 	case res = <-k.ended:
@@ -504,8 +508,8 @@ func TestClientTranscriptReplacement(t *testing.T) {
 	}
 	c1.send(map[string]any{"type": wire.ChatMessages, "messages": msgs})
 	f := c2.expect(wire.ChatMessages)
-	if dump(f.Messages) != dump(msgs) || f.Messages[0].ID != "m1" || f.Messages[1].ID != "m2" {
-		t.Fatalf("broadcast transcript %s", f.raw)
+	if got := messagesOf(t, f); dump(got) != dump(msgs) || got[0].ID != "m1" || got[1].ID != "m2" {
+		t.Fatalf("broadcast transcript %s", f.Raw)
 	}
 	// Not echoed to the sender: its next frame answers its probe.
 	c1.probe("p")
@@ -554,10 +558,11 @@ func TestClientToolResult(t *testing.T) {
 		"output": map[string]any{"city": "Paris"}, "autoContinue": false})
 	for name, c := range map[string]*wsClient{"sender": c1, "other": c2} {
 		f := c.expect(wire.MessageUpdated)
-		if f.Message == nil || f.Message.ID != "a1" {
-			t.Fatalf("%s: update %s", name, f.raw)
+		m := messageOf(t, f)
+		if m == nil || m.ID != "a1" {
+			t.Fatalf("%s: update %s", name, f.Raw)
 		}
-		p := toolParts(*f.Message)
+		p := toolParts(*m)
 		if len(p) != 1 || p[0].State != message.StateOutputAvailable || string(p[0].Output) != `{"city":"Paris"}` {
 			t.Fatalf("%s: updated part %+v", name, p)
 		}
@@ -580,7 +585,7 @@ func TestClientToolResult(t *testing.T) {
 	// An unknown call id is refused.
 	c1.send(map[string]any{"type": wire.ToolResult, "toolCallId": "nope", "output": 1})
 	if f := c1.next(); f.Type == wire.MessageUpdated {
-		t.Fatalf("unknown tool call updated a message: %s", f.raw)
+		t.Fatalf("unknown tool call updated a message: %s", f.Raw)
 	}
 }
 
@@ -614,19 +619,19 @@ func TestQueuedRequestsBounded(t *testing.T) {
 	c.request("r3", userMsgID("u3", "one too many"))
 	refused := c.until(isDone("r3"))
 	last := refused[len(refused)-1]
-	if !bool(last.Error) || !strings.Contains(last.Body, "too many chat requests are queued") || !strings.Contains(last.Body, "limit is 2") {
-		t.Fatalf("r3 ended with %s, want the queue limit's error", last.raw)
+	if !last.Failed() || !strings.Contains(last.Body, "too many chat requests are queued") || !strings.Contains(last.Body, "limit is 2") {
+		t.Fatalf("r3 ended with %s, want the queue limit's error", last.Raw)
 	}
 	for _, f := range refused {
-		if f.isResponse() && f.Done && f.ID != "r3" {
-			t.Fatalf("a queued request ended before the release: %s", f.raw)
+		if isResponse(f) && f.Ended() && f.ID != "r3" {
+			t.Fatalf("a queued request ended before the release: %s", f.Raw)
 		}
 	}
 	close(release)
 	for _, id := range []string{"r0", "r1", "r2"} {
 		fs := c.until(isDone(id))
-		if end := fs[len(fs)-1]; bool(end.Error) || end.Outcome != "completed" {
-			t.Fatalf("%s ended with %s, want completed", id, end.raw)
+		if end := fs[len(fs)-1]; end.Failed() || end.Outcome != "completed" {
+			t.Fatalf("%s ended with %s, want completed", id, end.Raw)
 		}
 	}
 }

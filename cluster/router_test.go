@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,11 +11,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // routeTest parses /agents/x/{name} into the path X/{name}.
@@ -160,53 +163,45 @@ func TestRouterForwardsHTTP(t *testing.T) {
 	}
 }
 
+// wsLimit bounds the router tests' WebSocket dials and waits.
+const wsLimit = 10 * time.Second
+
 func TestRouterBridgesSockets(t *testing.T) {
 	d := newDB(t)
 	ns := startNodes(t, d, "a", "b")
 	a, b := ns[0], ns[1]
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), wsLimit)
+	defer cancel()
 	name := nameOwnedBy(t, b.node)
-	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(a.http.URL, "http")+"/agents/x/"+name, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.CloseNow()
+	url := "ws" + strings.TrimPrefix(a.http.URL, "http") + "/agents/x/" + name
+	// The nodes' frames are plain text: F is json.RawMessage, Raw is read.
+	c := testenv.DialWS[json.RawMessage](t, wsLimit, url)
 	for i := range 3 {
 		msg := fmt.Sprint("hello ", i)
-		if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
-			t.Fatal(err)
-		}
-		_, got, err := c.Read(ctx)
+		c.SendRaw(websocket.MessageText, []byte(msg))
+		got, err := c.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if string(got) != "b:"+msg {
-			t.Fatalf("got %q", got)
+		if string(got.Raw) != "b:"+msg {
+			t.Fatalf("got %q", got.Raw)
 		}
 	}
 	// The owner hands the shard over: its close code reaches the client.
 	b.owner.closeAll(websocket.StatusServiceRestart)
-	_, _, err = c.Read(ctx)
-	if code := websocket.CloseStatus(err); code != websocket.StatusServiceRestart {
-		t.Fatalf("client closed with %v (%v), want 1012", code, err)
+	if ce, err := c.CloseError(ctx); ce.Code != websocket.StatusServiceRestart || len(c.Unread()) != 0 {
+		t.Fatalf("client closed with %v (%v), want 1012", ce.Code, err)
 	}
 
 	// The owner dies without a close frame: the client gets 1012 too.
-	c2, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(a.http.URL, "http")+"/agents/x/"+name, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.CloseNow()
-	if err := c2.Write(ctx, websocket.MessageText, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := c2.Read(ctx); err != nil {
+	c2 := testenv.DialWS[json.RawMessage](t, wsLimit, url)
+	c2.SendRaw(websocket.MessageText, []byte("x"))
+	if _, err := c2.Next(ctx); err != nil {
 		t.Fatal(err)
 	}
 	b.owner.dropAll()
-	_, _, err = c2.Read(ctx)
-	if code := websocket.CloseStatus(err); code != websocket.StatusServiceRestart {
-		t.Fatalf("client closed with %v (%v), want 1012", code, err)
+	if ce, err := c2.CloseError(ctx); ce.Code != websocket.StatusServiceRestart || len(c2.Unread()) != 0 {
+		t.Fatalf("client closed with %v (%v), want 1012", ce.Code, err)
 	}
 }
 
@@ -217,7 +212,7 @@ func TestRouterRelaysRefusedUpgrade(t *testing.T) {
 	if !b.node.Owns(agent.Path{{Class: "X", Name: "refused"}}) {
 		a, b = b, a
 	}
-	_, resp, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(a.http.URL, "http")+"/agents/x/refused", nil)
+	_, resp, err := testenv.TryDialWS[json.RawMessage](t, wsLimit, "ws"+strings.TrimPrefix(a.http.URL, "http")+"/agents/x/refused", nil)
 	if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("refused upgrade through %s: %v %v", a.node.ID(), resp, err)
 	}

@@ -6,44 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/coder/websocket"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
 )
-
-// dialHeader opens a WebSocket to path with header and returns the client,
-// failing the test if the handshake fails.
-func dialHeader(t *testing.T, env *testenv.Env, path string, header http.Header) *client {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, resp, err := websocket.Dial(ctx, env.URL(path), &websocket.DialOptions{HTTPHeader: header})
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
-	if err != nil {
-		t.Fatalf("dial %s: %v", path, err)
-	}
-	cl := &client{t: t, c: c, frames: make(chan frame, 4096), done: make(chan struct{})}
-	go func() {
-		defer close(cl.done)
-		for {
-			typ, data, err := c.Read(context.Background())
-			if err != nil {
-				cl.err = err
-				return
-			}
-			cl.frames <- frame{typ, data}
-		}
-	}()
-	t.Cleanup(func() {
-		c.CloseNow()
-		<-cl.done
-	})
-	return cl
-}
 
 // doHTTP sends a GET to path with header and returns the response's
 // status, WWW-Authenticate header and body.

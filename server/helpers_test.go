@@ -28,99 +28,62 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // to let time pass.
 const waitLimit = 10 * time.Second
 
-// client is a test WebSocket client whose reader goroutine queues every
-// frame, so the close handshake is always answered.
+// client is the server tests' WebSocket client: a testenv.WSClient that
+// decodes every frame into a JSON object and takes them one by one.
 type client struct {
-	t      *testing.T
-	c      *websocket.Conn
-	frames chan frame
-	done   chan struct{}
-	err    error // the read error, set before done is closed
+	t  *testing.T
+	ws *testenv.WSClient[map[string]any]
+	c  *websocket.Conn // ws's connection, to close it with a chosen code
+	// frames is, once closed returned, the frames never taken by next.
+	frames []testenv.Frame[map[string]any]
 	ids    atomic.Int64
-}
-
-type frame struct {
-	typ  websocket.MessageType
-	data []byte
 }
 
 // dial opens a WebSocket to path (such as "/agents/counter/a?x=1") and
 // fails the test if the handshake fails.
 func dial(t *testing.T, env *testenv.Env, path string) *client {
 	t.Helper()
-	c, resp, err := tryDial(t, env, path)
-	if err != nil {
-		status := 0
-		if resp != nil {
-			status = resp.StatusCode
-		}
-		t.Fatalf("dial %s: %v (status %d)", path, err, status)
-	}
-	return c
+	return dialHeader(t, env, path, nil)
 }
 
+// dialHeader is dial with the handshake request's headers.
+func dialHeader(t *testing.T, env *testenv.Env, path string, header http.Header) *client {
+	t.Helper()
+	return newClient(t, testenv.DialWSHeader[map[string]any](t, waitLimit, env.URL(path), header))
+}
+
+// tryDial dials path and returns the handshake's response and error
+// instead of failing the test when it is refused.
 func tryDial(t *testing.T, env *testenv.Env, path string) (*client, *http.Response, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, resp, err := websocket.Dial(ctx, env.URL(path), nil)
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
+	ws, resp, err := testenv.TryDialWS[map[string]any](t, waitLimit, env.URL(path), nil)
 	if err != nil {
 		return nil, resp, err
 	}
-	c.SetReadLimit(1 << 22)
-	cl := &client{t: t, c: c, frames: make(chan frame, 4096), done: make(chan struct{})}
-	go func() {
-		defer close(cl.done)
-		for {
-			typ, data, err := c.Read(context.Background())
-			if err != nil {
-				cl.err = err
-				return
-			}
-			cl.frames <- frame{typ, data}
-		}
-	}()
-	t.Cleanup(func() {
-		c.CloseNow()
-		<-cl.done
-	})
-	return cl, resp, nil
+	return newClient(t, ws), resp, nil
 }
 
-// next returns the next frame as a JSON object.
+func newClient(t *testing.T, ws *testenv.WSClient[map[string]any]) *client {
+	return &client{t: t, ws: ws, c: ws.Conn()}
+}
+
+// next returns the next frame, which must be a JSON object in a text
+// frame.
 func (c *client) next() map[string]any {
 	c.t.Helper()
-	data := c.nextRaw()
-	var m map[string]any
-	if err := json.Unmarshal(data, &m); err != nil {
-		c.t.Fatalf("server frame %q is not a JSON object: %v", data, err)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	f, err := c.ws.Next(ctx)
+	if err != nil {
+		c.t.Fatalf("waiting for a frame: %v", err)
 	}
-	return m
-}
-
-func (c *client) nextRaw() []byte {
-	c.t.Helper()
-	select {
-	case f := <-c.frames:
-		if f.typ != websocket.MessageText {
-			c.t.Fatalf("server sent a %v frame", f.typ)
-		}
-		return f.data
-	case <-c.done:
-		// Frames queued before the close are still readable.
-		select {
-		case f := <-c.frames:
-			return f.data
-		default:
-		}
-		c.t.Fatalf("connection closed while waiting for a frame: %v", c.err)
-	case <-time.After(waitLimit):
-		c.t.Fatal("timed out waiting for a frame")
+	if f.MessageType != websocket.MessageText {
+		c.t.Fatalf("server sent a %v frame", f.MessageType)
 	}
-	return nil
+	if f.Err != nil {
+		c.t.Fatalf("server frame %q is not a JSON object: %v", f.Raw, f.Err)
+	}
+	return f.Value
 }
 
 // expectType returns the next frame, failing unless it has type typ.
@@ -149,20 +112,12 @@ func (c *client) handshake() (identity map[string]any, state any) {
 
 func (c *client) send(v any) {
 	c.t.Helper()
-	data, err := json.Marshal(v)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.sendRaw(websocket.MessageText, data)
+	c.ws.Send(v)
 }
 
 func (c *client) sendRaw(typ websocket.MessageType, data []byte) {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	if err := c.c.Write(ctx, typ, data); err != nil {
-		c.t.Fatalf("write: %v", err)
-	}
+	c.ws.SendRaw(typ, data)
 }
 
 // call sends an RPC and returns its id.
@@ -198,19 +153,22 @@ func (c *client) ok(method string, args ...any) any {
 	return f["result"]
 }
 
-// closed waits for the connection to close and returns the close status.
+// closed waits for the connection to close and returns the close status
+// (-1 and the error when it ended without a close frame), and keeps the
+// frames never read in frames.
 func (c *client) closed() (websocket.StatusCode, string) {
 	c.t.Helper()
-	select {
-	case <-c.done:
-	case <-time.After(waitLimit):
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	ce, err := c.ws.CloseError(ctx)
+	if ctx.Err() != nil {
 		c.t.Fatal("connection was not closed")
 	}
-	var ce websocket.CloseError
-	if errors.As(c.err, &ce) {
-		return ce.Code, ce.Reason
+	c.frames = c.ws.Unread()
+	if err != nil {
+		return ce.Code, err.Error()
 	}
-	return -1, c.err.Error()
+	return ce.Code, ce.Reason
 }
 
 // get performs a plain HTTP GET and returns the status and body.

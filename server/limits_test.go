@@ -18,6 +18,7 @@ import (
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/server"
+	"github.com/agentry/agentry/wire"
 )
 
 // heapNow returns the live heap and the goroutine stacks (which are not on
@@ -64,15 +65,7 @@ func waitEvent(t *testing.T, ch chan diag.Event, typ string) diag.Event {
 // rawDial opens a WebSocket that nothing reads until the test does.
 func rawDial(t *testing.T, env *testenv.Env, path string) *websocket.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, env.URL(path), nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", path, err)
-	}
-	c.SetReadLimit(1 << 22)
-	t.Cleanup(func() { c.CloseNow() })
-	return c
+	return testenv.DialRaw(t, waitLimit, env.URL(path))
 }
 
 // pipelinedBound is the stated bound of the heap that 40,000 pipelined
@@ -131,7 +124,7 @@ func TestPipelinedRPCsBounded(t *testing.T) {
 	}()
 	ctx := context.Background()
 	for i := range total {
-		frame := fmt.Appendf(nil, `{"type":"rpc","id":"p%d","method":"park","args":[]}`, i)
+		frame := fmt.Appendf(nil, `{"type":%q,"id":"p%d","method":"park","args":[]}`, wire.RPC, i)
 		if err := c.Write(ctx, websocket.MessageText, frame); err != nil {
 			t.Fatalf("write call %d: %v", i, err)
 		}
@@ -169,7 +162,7 @@ func TestPipelinedRPCsBounded(t *testing.T) {
 		t.Fatalf("refused %d and succeeded %d, want %d and %d", r.refused, r.succeeded, total-inFlight, inFlight)
 	}
 	// The flooding socket itself was throttled, not closed.
-	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"rpc","id":"last","method":"ping","args":[]}`)); err != nil {
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"`+wire.RPC+`","id":"last","method":"ping","args":[]}`)); err != nil {
 		t.Fatal(err)
 	}
 	_, data, err := c.Read(ctx)

@@ -20,23 +20,11 @@ import (
 // ("" sends none) and returns the HTTP status, 101 when accepted.
 func upgradeStatus(t *testing.T, env *testenv.Env, path, origin string) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
 	h := http.Header{}
 	if origin != "" {
 		h.Set("Origin", origin)
 	}
-	c, resp, err := websocket.Dial(ctx, env.URL(path), &websocket.DialOptions{HTTPHeader: h})
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
-	if err == nil {
-		c.Close(websocket.StatusNormalClosure, "")
-	}
-	if resp == nil {
-		t.Fatalf("upgrade %s: %v", path, err)
-	}
-	return resp.StatusCode
+	return testenv.UpgradeStatus(t, waitLimit, env.URL(path), h)
 }
 
 // The WebSocket origin check is on by default: a foreign Origin gets 403
@@ -124,7 +112,7 @@ func TestClientStateClosedByDefault(t *testing.T) {
 	a.handshake()
 	b.handshake()
 	a.send(map[string]any{"type": wire.State, "state": map[string]any{"count": 1}})
-	jsonEq(t, a.next(), `{"type":"cf_agent_state_error","error":"State update rejected"}`)
+	jsonEq(t, a.next(), `{"type":"`+wire.StateError+`","error":"State update rejected"}`)
 	if got := b.ok("current"); got != nil {
 		t.Fatalf("state after a refused write = %v", got)
 	}
@@ -135,11 +123,11 @@ func TestClientStateClosedByDefault(t *testing.T) {
 	// Hooked validates: absurd numbers never reach its validator or storage.
 	c := dialHooked(t, env, "n", "c")
 	for _, state := range []string{`{"n":1e999999}`, `[-1e400]`, `{"a":{"b":[1,2,1E309]}}`} {
-		c.sendRaw(websocket.MessageText, []byte(`{"type":"cf_agent_state","state":`+state+`}`))
-		jsonEq(t, c.next(), `{"type":"cf_agent_state_error","error":"State update rejected"}`)
+		c.sendRaw(websocket.MessageText, []byte(`{"type":"`+wire.State+`","state":`+state+`}`))
+		jsonEq(t, c.next(), `{"type":"`+wire.StateError+`","error":"State update rejected"}`)
 	}
 	// Large but finite numbers, and underflow to zero, are fine.
-	c.sendRaw(websocket.MessageText, []byte(`{"type":"cf_agent_state","state":{"n":1e308,"m":1e-400,"i":123456789012345678901234567890}}`))
+	c.sendRaw(websocket.MessageText, []byte(`{"type":"`+wire.State+`","state":{"n":1e308,"m":1e-400,"i":123456789012345678901234567890}}`))
 	if got := c.ok("echo", "after"); got != "after" {
 		t.Fatalf("echo = %v", got)
 	}

@@ -11,12 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/agent"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/store/sqlite"
 )
 
@@ -53,23 +53,11 @@ func start(t *testing.T, o demo.Options) (*demo.Demo, string) {
 // returns the HTTP status (101 when it was accepted).
 func upgrade(t *testing.T, base, path, origin string) int {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	h := http.Header{}
 	if origin != "" {
 		h.Set("Origin", origin)
 	}
-	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(base, "http")+path, &websocket.DialOptions{HTTPHeader: h})
-	if resp != nil && resp.Body != nil {
-		resp.Body.Close()
-	}
-	if err == nil {
-		c.Close(websocket.StatusNormalClosure, "")
-	}
-	if resp == nil {
-		t.Fatalf("upgrade %s: %v", path, err)
-	}
-	return resp.StatusCode
+	return testenv.UpgradeStatus(t, 10*time.Second, "ws"+strings.TrimPrefix(base, "http")+path, h)
 }
 
 func get(t *testing.T, url string) int {

@@ -18,6 +18,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 	"github.com/agentry/agentry/store/postgres"
@@ -493,11 +494,10 @@ func benchReplay(b *testing.B, n, queue int) {
 	b.ResetTimer()
 	for i := range b.N {
 		t0 := time.Now()
-		c, _, err := websocket.Dial(ctx, e.url("/agents/assistant/replay"), nil)
+		c, err := testenv.DialRawUntil(ctx, e.url("/agents/assistant/replay"), "")
 		if err != nil {
 			b.Fatal(err)
 		}
-		c.SetReadLimit(-1)
 		frames, size, other := 0, 0, 0
 		for frames < want {
 			_, data, err := c.Read(ctx)
@@ -509,7 +509,7 @@ func benchReplay(b *testing.B, n, queue int) {
 				}
 				b.Fatalf("after %d of %d replay frames: %v", frames, want, err)
 			}
-			if frameType(data) != wire.AgentToolEvent {
+			if testenv.FrameType(data) != wire.AgentToolEvent {
 				other++
 				continue
 			}
@@ -548,7 +548,7 @@ func BenchmarkAgentToolProgress(b *testing.B) {
 	e := startToolEnv(b, k)
 	ctx := context.Background()
 	p := getParent(b, e, "progress")
-	c, err := dialUntil(ctx, e.url("/agents/assistant/progress"), wire.MCPServers)
+	c, err := testenv.DialRawUntil(ctx, e.url("/agents/assistant/progress"), wire.MCPServers)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -571,7 +571,7 @@ func BenchmarkAgentToolProgress(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if frameType(data) != wire.AgentToolEvent || !bytes.Contains(data, runKey) {
+			if testenv.FrameType(data) != wire.AgentToolEvent || !bytes.Contains(data, runKey) {
 				continue
 			}
 			if bytes.Contains(data, []byte(`data-agent-progress`)) {

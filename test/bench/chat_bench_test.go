@@ -23,6 +23,7 @@ import (
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/mcpserver"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -156,43 +157,6 @@ func benchStoreOptions(b *testing.B) sqlite.Options {
 
 func (e *benchEnv) url(path string) string { return "ws://" + e.host + path }
 
-// frameType returns the "type" of a frame without decoding the rest.
-func frameType(data []byte) string {
-	const key = `{"type":"`
-	if !bytes.HasPrefix(data, []byte(key)) {
-		var f struct {
-			Type string `json:"type"`
-		}
-		_ = json.Unmarshal(data, &f)
-		return f.Type
-	}
-	rest := data[len(key):]
-	if i := bytes.IndexByte(rest, '"'); i >= 0 {
-		return string(rest[:i])
-	}
-	return ""
-}
-
-// dialUntil connects and reads frames until one of type last has arrived
-// (the connect phase), returning the connection.
-func dialUntil(ctx context.Context, url, last string) (*websocket.Conn, error) {
-	c, _, err := websocket.Dial(ctx, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	c.SetReadLimit(-1)
-	for {
-		_, data, err := c.Read(ctx)
-		if err != nil {
-			c.CloseNow()
-			return nil, err
-		}
-		if frameType(data) == last {
-			return c, nil
-		}
-	}
-}
-
 func durMetric(d time.Duration, unit string) float64 {
 	switch unit {
 	case "µs":
@@ -284,7 +248,7 @@ func BenchmarkChatFirstChunk(b *testing.B) {
 func benchFirstChunkWS(b *testing.B) {
 	e := startBenchEnv(b, []agent.Class{chatClassOf("EchoChat", echoModel())}, false)
 	ctx := context.Background()
-	c, err := dialUntil(ctx, e.url("/agents/echo-chat/first"), wire.ChatMessages)
+	c, err := testenv.DialRawUntil(ctx, e.url("/agents/echo-chat/first"), wire.ChatMessages)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -308,7 +272,7 @@ func benchFirstChunkWS(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if frameType(data) != wire.ChatResponse || !bytes.Contains(data, idKey) {
+			if testenv.FrameType(data) != wire.ChatResponse || !bytes.Contains(data, idKey) {
 				continue
 			}
 			now := time.Since(t0)
@@ -449,7 +413,7 @@ func (w *streamWatcher) read() {
 			w.mu.Unlock()
 			return
 		}
-		if frameType(data) != wire.ChatResponse {
+		if testenv.FrameType(data) != wire.ChatResponse {
 			continue
 		}
 		w.mu.Lock()
@@ -471,7 +435,7 @@ func benchChatStream(b *testing.B, clients int) {
 	a := getChatAgent(b, e, "Streamer", "s1")
 	ws := make([]*streamWatcher, clients)
 	for i := range ws {
-		c, err := dialUntil(ctx, e.url("/agents/streamer/s1"), wire.ChatMessages)
+		c, err := testenv.DialRawUntil(ctx, e.url("/agents/streamer/s1"), wire.ChatMessages)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/internal/testkit/testenv"
+	"github.com/agentry/agentry/wire"
 )
 
 // The memory benchmarks of the limits (docs/limits.md). Each op starts a
@@ -46,17 +47,13 @@ func BenchmarkLimitsMemory(b *testing.B) {
 	b.Run("flood=oversized", benchOversized)
 }
 
-func benchDial(b *testing.B, env *testenv.Env, path string, handshake int) *websocket.Conn {
+// benchDial dials path and reads its connect frames up to one of type
+// last ("" reads none).
+func benchDial(b *testing.B, env *testenv.Env, path string, last string) *websocket.Conn {
 	b.Helper()
-	c, _, err := websocket.Dial(context.Background(), env.URL(path), nil)
+	c, err := testenv.DialRawUntil(context.Background(), env.URL(path), last)
 	if err != nil {
-		b.Fatalf("dial %s: %v", path, err)
-	}
-	c.SetReadLimit(4 << 20)
-	for range handshake {
-		if _, _, err := c.Read(context.Background()); err != nil {
-			b.Fatal(err)
-		}
+		b.Fatal(err)
 	}
 	return c
 }
@@ -66,11 +63,11 @@ func benchIdleConn(b *testing.B) {
 	var perConn float64
 	for range b.N {
 		env := testenv.Start(b, testenv.Options{Classes: []agent.Class{counter.Class()}})
-		benchDial(b, env, "/agents/counter/idle", 2).CloseNow() // hydrate first
+		benchDial(b, env, "/agents/counter/idle", wire.MCPServers).CloseNow() // hydrate first
 		heap0 := memAfterGC()
 		conns := make([]*websocket.Conn, n)
 		for i := range conns {
-			conns[i] = benchDial(b, env, "/agents/counter/idle", 2)
+			conns[i] = benchDial(b, env, "/agents/counter/idle", wire.MCPServers)
 		}
 		perConn += float64(int64(memAfterGC())-int64(heap0)) / n
 		for _, c := range conns {
@@ -90,12 +87,12 @@ func benchInFlight(b *testing.B) {
 		env := testenv.Start(b, testenv.Options{Classes: []agent.Class{testenv.ParkerClass(release, parked)}})
 		cs := make([]*websocket.Conn, conns)
 		for i := range cs {
-			cs[i] = benchDial(b, env, fmt.Sprintf("/agents/parker/p%d", i), 2)
+			cs[i] = benchDial(b, env, fmt.Sprintf("/agents/parker/p%d", i), wire.MCPServers)
 		}
 		heap0 := memAfterGC()
 		for _, c := range cs {
 			for j := range calls {
-				if err := c.Write(context.Background(), websocket.MessageText, fmt.Appendf(nil, `{"type":"rpc","id":"c%d","method":"park","args":[]}`, j)); err != nil {
+				if err := c.Write(context.Background(), websocket.MessageText, fmt.Appendf(nil, `{"type":%q,"id":"c%d","method":"park","args":[]}`, wire.RPC, j)); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -125,7 +122,7 @@ func benchPipelined(b *testing.B) {
 		release := make(chan struct{})
 		parked := make(chan struct{}, total)
 		env := testenv.Start(b, testenv.Options{Classes: []agent.Class{testenv.ParkerClass(release, parked)}})
-		c := benchDial(b, env, "/agents/parker/flood", 2)
+		c := benchDial(b, env, "/agents/parker/flood", wire.MCPServers)
 		heap0, g0 := memAfterGC(), runtime.NumGoroutine()
 		// Every call ends up waiting (parked) or refused (an error
 		// response): the load is complete when all of them are one or the
@@ -145,7 +142,7 @@ func benchPipelined(b *testing.B) {
 			}
 		}()
 		for i := range total {
-			if err := c.Write(context.Background(), websocket.MessageText, fmt.Appendf(nil, `{"type":"rpc","id":"p%d","method":"park","args":[]}`, i)); err != nil {
+			if err := c.Write(context.Background(), websocket.MessageText, fmt.Appendf(nil, `{"type":%q,"id":"p%d","method":"park","args":[]}`, wire.RPC, i)); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -176,7 +173,7 @@ func benchSlowReaders(b *testing.B) {
 		heap0 := memAfterGC()
 		cs := make([]*websocket.Conn, clients)
 		for i := range cs {
-			cs[i] = benchDial(b, env, fmt.Sprintf("/agents/replayer/big?_pk=s%d", i), 0)
+			cs[i] = benchDial(b, env, fmt.Sprintf("/agents/replayer/big?_pk=s%d", i), "")
 			<-sent
 		}
 		heap += float64(int64(memAfterGC())-int64(heap0)) / (1 << 20)
@@ -193,7 +190,7 @@ func benchOversized(b *testing.B) {
 	var heap, alloc float64
 	for range b.N {
 		env := testenv.Start(b, testenv.Options{Classes: []agent.Class{counter.Class()}})
-		c := benchDial(b, env, "/agents/counter/big", 2)
+		c := benchDial(b, env, "/agents/counter/big", wire.MCPServers)
 		big := bytes.Repeat([]byte("x"), 2<<20)
 		var ms0, ms1 runtime.MemStats
 		heap0 := memAfterGC()

@@ -36,23 +36,13 @@ func serve(t *testing.T, data string) *testenv.Process {
 	return testenv.StartProcess(t, waitLimit, agentry.Path(t), "serve", "--addr", "127.0.0.1:0", "--data", data, "--delay", "50ms")
 }
 
-type frame struct {
-	Type           string   `json:"type"`
-	ID             string   `json:"id"`
-	Body           string   `json:"body"`
-	Done           bool     `json:"done"`
-	Replay         bool     `json:"replay"`
-	ReplayComplete bool     `json:"replayComplete"`
-	Seq            *int     `json:"seq"`
-	Outcome        string   `json:"outcome"`
-	MessageIDs     []string `json:"messageIds"`
-	ProbeID        string   `json:"probeId"`
-	Connect        bool     `json:"connect"`
-	raw            string
-}
+// frame is a server frame as the tests read it: testenv.WireFrame,
+// the tests' one frame type.
+type frame = testenv.WireFrame
 
-func (f frame) content() bool {
-	return f.Type == wire.ChatResponse && !f.Done && !f.ReplayComplete && f.Body != "" && f.Seq != nil
+// content reports whether f is a chunk of a chat turn's stream.
+func content(f frame) bool {
+	return f.Type == wire.ChatResponse && !f.Ended() && !f.ReplayComplete && f.Body != "" && f.Seq != nil
 }
 
 // client reads the frames of one connection in order.
@@ -82,7 +72,6 @@ func (c *client) next() frame {
 	if f.Err != nil {
 		c.t.Fatalf("frame %s: %v", f.Raw, f.Err)
 	}
-	f.Value.raw = string(f.Raw)
 	return f.Value
 }
 
@@ -126,10 +115,10 @@ func TestKillDuringSlowTurn(t *testing.T) {
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 	chunks := 0
 	c1.until(func(f frame) bool {
-		if f.Done {
-			t.Fatalf("the turn ended before the kill: %s", f.raw)
+		if f.Ended() {
+			t.Fatalf("the turn ended before the kill: %s", f.Raw)
 		}
-		if f.content() && f.ID == reqID {
+		if content(f) && f.ID == reqID {
 			chunks++
 		}
 		return chunks >= 20
@@ -155,13 +144,13 @@ func TestKillDuringSlowTurn(t *testing.T) {
 			t.Fatalf("offered stream %s, want %s", offer.ID, reqID)
 		}
 		c2.send(map[string]any{"type": wire.StreamResumeAck, "id": reqID})
-		resumed = c2.until(func(f frame) bool { return f.Type == wire.ChatResponse && f.ID == reqID && f.Done })
+		resumed = c2.until(func(f frame) bool { return f.Type == wire.ChatResponse && f.ID == reqID && f.Ended() })
 	default:
-		t.Fatalf("the restarted server offered nothing to resume: %s\n%s", offer.raw, s2.Log())
+		t.Fatalf("the restarted server offered nothing to resume: %s\n%s", offer.Raw, s2.Log())
 	}
 	done := resumed[len(resumed)-1]
 	if done.Outcome != "completed" {
-		t.Fatalf("terminal frame %s", done.raw)
+		t.Fatalf("terminal frame %s", done.Raw)
 	}
 	// The resumed stream is applied as the client applies it; its message
 	// must be the stored one, part for part.
@@ -169,7 +158,7 @@ func TestKillDuringSlowTurn(t *testing.T) {
 	var text strings.Builder
 	last := -1
 	for _, f := range resumed {
-		if !f.content() || f.ID != reqID {
+		if !content(f) || f.ID != reqID {
 			continue
 		}
 		if *f.Seq <= last {

@@ -2,7 +2,6 @@ package clustercrash
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/agentry/agentry/internal/testkit/testenv"
 )
 
 // TestPostgresRestartDuringFanOut (issue 24, item 1): PostgreSQL restarts
@@ -85,17 +86,16 @@ func TestPostgresRestartDuringFanOut(t *testing.T) {
 	}
 	t.Logf("GET during the outage: 503 after %v", time.Since(t0).Round(time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	ws, wresp, err := websocket.Dial(ctx, "ws://"+b.Host+"/agents/fan/"+fresh+"x", nil)
+	ws, wresp, err := testenv.TryDialWS[frame](t, 30*time.Second, "ws://"+b.Host+"/agents/fan/"+fresh+"x", nil)
 	switch {
 	case err != nil && wresp != nil && wresp.StatusCode == http.StatusServiceUnavailable:
 		t.Logf("WebSocket during the outage: refused with 503")
 	case err != nil:
 		t.Fatalf("WebSocket during the outage: %v", err)
 	default:
-		_, _, rerr := ws.Read(ctx)
-		var ce websocket.CloseError
-		if !errors.As(rerr, &ce) || ce.Code != websocket.StatusTryAgainLater {
-			t.Fatalf("WebSocket during the outage: %v, want a close with 1013", rerr)
+		ce, cerr := ws.CloseError(ctx)
+		if fs := ws.Frames(); cerr != nil || ce.Code != websocket.StatusTryAgainLater || len(fs) != 0 {
+			t.Fatalf("WebSocket during the outage: %d frames, then %v %v, want a close with 1013", len(fs), ce, cerr)
 		}
 		t.Logf("WebSocket during the outage: closed with 1013 (%s)", ce.Reason)
 	}

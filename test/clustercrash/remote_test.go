@@ -18,8 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/cluster"
 	"github.com/agentry/agentry/internal/testkit/testenv"
@@ -235,26 +233,7 @@ func TestRemoteProgressReachesParent(t *testing.T) {
 	run := e.tagOn(name, "Prog", "pr", "c") + "-0"
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, "ws://"+b.Host+"/agents/fan/"+name, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.CloseNow()
-	ws.SetReadLimit(-1)
-	frames := make(chan frame, 1024)
-	go func() {
-		defer close(frames)
-		for {
-			_, data, err := ws.Read(ctx)
-			if err != nil {
-				return
-			}
-			var f frame
-			if json.Unmarshal(data, &f) == nil && f.Type == wire.AgentToolEvent {
-				frames <- f
-			}
-		}
-	}()
+	ws := testenv.DialWS[frame](t, 90*time.Second, "ws://"+b.Host+"/agents/fan/"+name)
 	var res map[string]any
 	if err := get(t, b.Host, "/agents/fan/"+name+"/run?class=Prog&id="+run, &res); err != nil {
 		t.Fatal(err)
@@ -262,17 +241,19 @@ func TestRemoteProgressReachesParent(t *testing.T) {
 	if res["status"] != "completed" {
 		t.Fatalf("run: %v", res)
 	}
+	isEnd := func(f testenv.Frame[frame]) bool {
+		return f.Value.Type == wire.AgentToolEvent && f.Value.Event.RunID == run && f.Value.Event.Kind == "finished"
+	}
+	frames, err := ws.Wait(ctx, func(fs []testenv.Frame[frame]) bool { return slices.ContainsFunc(fs, isEnd) })
+	if err != nil {
+		t.Fatalf("waiting for the run's end event: %v", err)
+	}
 	want := []string{"p:0.25", "m:half", "p:0.5", "m:most", "p:1"}
 	var got []string
 	seqs := map[int64]bool{}
-	for f := range frames {
-		if f.Event.RunID != run {
-			continue
-		}
-		if f.Event.Kind == "finished" {
-			break
-		}
-		if f.Event.Kind != "chunk" {
+	for _, fr := range frames[:slices.IndexFunc(frames, isEnd)] {
+		f := fr.Value
+		if f.Type != wire.AgentToolEvent || f.Event.RunID != run || f.Event.Kind != "chunk" {
 			continue
 		}
 		if seqs[f.Sequence] {
@@ -345,29 +326,20 @@ func TestRemoteDrillIn(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(route, "http"), nil); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+	if _, resp, err := testenv.TryDialWS[frame](t, 60*time.Second, "ws"+strings.TrimPrefix(route, "http"), nil); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
 		t.Errorf("socket without leave: %v %v, want 403", resp, err)
 	}
-	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(route, "http")+"?drill=yes", nil)
+	ws := testenv.DialWS[frame](t, 60*time.Second, "ws"+strings.TrimPrefix(route, "http")+"?drill=yes")
+	fs, err := ws.Wait(ctx, func(fs []testenv.Frame[frame]) bool {
+		return len(fs) > 0 && fs[len(fs)-1].Value.Type == wire.ChatMessages
+	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the child's socket ended before its transcript: %v", err)
 	}
-	defer ws.CloseNow()
-	ws.SetReadLimit(-1)
-	for {
-		_, data, err := ws.Read(ctx)
-		if err != nil {
-			t.Fatalf("the child's socket ended before its transcript: %v", err)
-		}
-		var f frame
-		if json.Unmarshal(data, &f) == nil && f.Type == wire.ChatMessages {
-			if !strings.Contains(string(f.Messages), "done done") {
-				t.Errorf("child transcript %s", f.Messages)
-			}
-			break
-		}
+	if msgs := fs[len(fs)-1].Value.Messages; !strings.Contains(string(msgs), "done done") {
+		t.Errorf("child transcript %s", msgs)
 	}
-	ws.Close(websocket.StatusNormalClosure, "")
+	ws.CloseNormally()
 
 	// A run streaming on c (a detached Prog child, about 5 s of steps):
 	// the admitted socket gets its live stream.
@@ -377,38 +349,26 @@ func TestRemoteDrillIn(t *testing.T) {
 		t.Fatalf("detached dispatch: %v %v", st, err)
 	}
 	live := "ws://" + b.Host + "/agents/fan/" + name + "/sub/prog/" + tag + "-0?drill=yes"
-	ws, _, err = websocket.Dial(ctx, live, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.CloseNow()
-	ws.SetReadLimit(-1)
+	lws := testenv.DialWS[wire.ChatResponseFrame](t, 60*time.Second, live)
 	var stream strings.Builder
 	for done := false; !done; {
-		_, data, err := ws.Read(ctx)
+		fr, err := lws.Next(ctx)
 		if err != nil {
 			t.Fatalf("the child's socket ended before its stream did: %v", err)
 		}
-		var f struct {
-			Type string `json:"type"`
-			ID   string `json:"id"`
-			Body string `json:"body"`
-			Done bool   `json:"done"`
-		}
-		if json.Unmarshal(data, &f) != nil {
+		if fr.Err != nil {
 			continue
 		}
-		switch f.Type {
+		switch f := fr.Value; f.Type {
 		case wire.StreamResuming:
-			ack, _ := json.Marshal(map[string]string{"type": wire.StreamResumeAck, "id": f.ID})
-			if err := ws.Write(ctx, websocket.MessageText, ack); err != nil {
+			if err := lws.SendContext(ctx, map[string]string{"type": wire.StreamResumeAck, "id": f.ID}); err != nil {
 				t.Fatal(err)
 			}
 		case wire.ChatResponse:
 			stream.WriteString(f.Body)
 			done = f.Done
 		case wire.ChatMessages:
-			if strings.Contains(string(data), "finished the work") && stream.Len() == 0 {
+			if strings.Contains(string(fr.Raw), "finished the work") && stream.Len() == 0 {
 				t.Fatalf("the run ended before the socket connected: the test's child is too fast")
 			}
 		}
@@ -416,7 +376,7 @@ func TestRemoteDrillIn(t *testing.T) {
 	if !strings.Contains(stream.String(), "finished the work") || !strings.Contains(stream.String(), "data-agent-milestone") {
 		t.Errorf("the child's stream through b: %s", stream.String())
 	}
-	ws.Close(websocket.StatusNormalClosure, "")
+	lws.CloseNormally()
 
 	// The node-to-node calls: no secret, a wrong secret, bad input.
 	peer := "http://" + c.Host + cluster.PeerPrefix

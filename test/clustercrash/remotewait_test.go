@@ -11,89 +11,66 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/cluster"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/wire"
 )
 
-// socket records every frame of a WebSocket client.
+// socket is a WebSocket client (testenv.WSClient) that waits on the raw
+// frames and the agent-tool events.
 type socket struct {
-	t       *testing.T
-	ws      *websocket.Conn
-	done    chan struct{}
-	mu      sync.Mutex
-	raw     []string
-	frames  []frame // the agent-tool events
-	changed chan struct{}
+	t  *testing.T
+	ws *testenv.WSClient[frame]
 }
 
 func dialSocket(t *testing.T, ctx context.Context, url string) *socket {
 	t.Helper()
-	ws, _, err := websocket.Dial(ctx, url, nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", url, err)
+	limit := 60 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		limit = time.Until(d)
 	}
-	ws.SetReadLimit(-1)
-	s := &socket{t: t, ws: ws, done: make(chan struct{}), changed: make(chan struct{})}
-	go func() {
-		defer close(s.done)
-		for {
-			_, data, err := ws.Read(context.Background())
-			if err != nil {
-				return
-			}
-			var f frame
-			_ = json.Unmarshal(data, &f)
-			s.mu.Lock()
-			s.raw = append(s.raw, string(data))
-			if f.Type == wire.AgentToolEvent {
-				s.frames = append(s.frames, f)
-			}
-			close(s.changed)
-			s.changed = make(chan struct{})
-			s.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ws.Close(websocket.StatusNormalClosure, "")
-		<-s.done
-	})
-	return s
+	ws := testenv.DialWS[frame](t, limit, url)
+	t.Cleanup(ws.CloseNormally)
+	return &socket{t: t, ws: ws}
 }
 
 func (s *socket) send(ctx context.Context, v any) {
 	s.t.Helper()
-	data, _ := json.Marshal(v)
-	if err := s.ws.Write(ctx, websocket.MessageText, data); err != nil {
+	if err := s.ws.SendContext(ctx, v); err != nil {
 		s.t.Fatalf("send: %v", err)
 	}
+}
+
+// split returns the raw frames and the agent-tool events among them.
+func split(all []testenv.Frame[frame]) (raw []string, events []frame) {
+	for _, f := range all {
+		raw = append(raw, string(f.Raw))
+		if f.Value.Type == wire.AgentToolEvent {
+			events = append(events, f.Value)
+		}
+	}
+	return raw, events
 }
 
 // wait waits until pred holds for the raw frames and the agent-tool
 // events so far.
 func (s *socket) wait(ctx context.Context, what string, pred func(raw []string, fs []frame) bool) []frame {
 	s.t.Helper()
-	for {
-		s.mu.Lock()
-		raw, fs, ch := append([]string(nil), s.raw...), append([]frame(nil), s.frames...), s.changed
-		s.mu.Unlock()
-		if pred(raw, fs) {
-			return fs
-		}
-		select {
-		case <-ch:
-		case <-s.done:
-			s.t.Fatalf("the socket closed while waiting for %s", what)
-		case <-ctx.Done():
-			s.t.Fatalf("timed out waiting for %s; frames:\n%s", what, strings.Join(raw, "\n"))
-		}
+	var events []frame
+	all, err := s.ws.Wait(ctx, func(all []testenv.Frame[frame]) bool {
+		var raw []string
+		raw, events = split(all)
+		return pred(raw, events)
+	})
+	if err != nil {
+		raw, _ := split(all)
+		s.t.Fatalf("waiting for %s: %v; frames:\n%s", what, err, strings.Join(raw, "\n"))
 	}
+	return events
 }
 
 // chunks returns the run's chunk bodies among the events, in order.

@@ -74,10 +74,11 @@ func countOf(t *testing.T, raw json.RawMessage) int {
 	return *s.Count
 }
 
-// client is a raw WebSocket client of one Counter instance.
+// client is a WebSocket client (testenv.WSClient) of one Counter instance.
 type client struct {
 	t      *testing.T
-	c      *websocket.Conn
+	ws     *testenv.WSClient[frame]
+	c      *websocket.Conn // ws's connection, to drop it without a close
 	nextID int
 }
 
@@ -86,33 +87,26 @@ type client struct {
 // no state yet, which the identity frame announces with stateFollows).
 func dial(t *testing.T, s *server, name string) (*client, int) {
 	t.Helper()
+	ws := testenv.DialWS[frame](t, 10*time.Second, "ws://"+s.Host+"/agents/counter/"+name)
+	cl := &client{t: t, ws: ws, c: ws.Conn()}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, _, err := websocket.Dial(ctx, "ws://"+s.Host+"/agents/counter/"+name, nil)
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	cl := &client{t: t, c: c}
-	t.Cleanup(func() { c.CloseNow() })
 
 	id := cl.read(ctx)
-	var head struct {
-		frame
-		StateFollows bool `json:"stateFollows"`
-	}
-	if err := json.Unmarshal(id.raw, &head); err != nil || head.Type != wire.Identity || head.Name != name || head.Agent != "counter" {
-		t.Fatalf("first frame = %s; want cf_agent_identity of counter %q", id.raw, name)
+	var head wire.IdentityFrame
+	if err := json.Unmarshal(id.Raw, &head); err != nil || head.Type != wire.Identity || head.Name != name || head.Agent != "counter" {
+		t.Fatalf("first frame = %s; want cf_agent_identity of counter %q", id.Raw, name)
 	}
 	count := -1
 	if head.StateFollows {
 		st := cl.read(ctx)
-		if st.Type != wire.State {
-			t.Fatalf("frame after identity with stateFollows = %s; want cf_agent_state", st.raw)
+		if st.Value.Type != wire.State {
+			t.Fatalf("frame after identity with stateFollows = %s; want cf_agent_state", st.Raw)
 		}
-		count = countOf(t, st.State)
+		count = countOf(t, st.Value.State)
 	}
-	if mcp := cl.read(ctx); mcp.Type != wire.MCPServers {
-		t.Fatalf("connect frame = %s; want cf_agent_mcp_servers", mcp.raw)
+	if mcp := cl.read(ctx); mcp.Value.Type != wire.MCPServers {
+		t.Fatalf("connect frame = %s; want cf_agent_mcp_servers", mcp.Raw)
 	}
 	return cl, count
 }
@@ -126,25 +120,19 @@ func (cl *client) close() {
 	}
 }
 
-type rawFrame struct {
-	frame
-	raw []byte
-}
-
-func (cl *client) read(ctx context.Context) rawFrame {
+// read returns the next frame, which must be a JSON text frame.
+func (cl *client) read(ctx context.Context) testenv.Frame[frame] {
 	cl.t.Helper()
-	typ, data, err := cl.c.Read(ctx)
+	f, err := cl.ws.Next(ctx)
 	if err != nil {
 		cl.t.Fatalf("read: %v", err)
 	}
-	if typ != websocket.MessageText {
-		cl.t.Fatalf("got a %v frame; want text", typ)
+	if f.MessageType != websocket.MessageText {
+		cl.t.Fatalf("got a %v frame; want text", f.MessageType)
 	}
-	var f rawFrame
-	if err := json.Unmarshal(data, &f.frame); err != nil {
-		cl.t.Fatalf("frame %s is not JSON: %v", data, err)
+	if f.Err != nil {
+		cl.t.Fatalf("frame %s is not JSON: %v", f.Raw, f.Err)
 	}
-	f.raw = data
 	return f
 }
 
@@ -157,24 +145,24 @@ func (cl *client) call(method string, args ...any) json.RawMessage {
 	if args == nil {
 		args = []any{}
 	}
-	req, _ := json.Marshal(map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args})
+	req := map[string]any{"type": wire.RPC, "id": id, "method": method, "args": args}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := cl.c.Write(ctx, websocket.MessageText, req); err != nil {
-		cl.t.Fatalf("send %s: %v", req, err)
+	if err := cl.ws.SendContext(ctx, req); err != nil {
+		cl.t.Fatalf("send %v: %v", req, err)
 	}
 	for {
 		f := cl.read(ctx)
-		if f.Type != wire.RPC || f.ID != id {
+		if f.Value.Type != wire.RPC || f.Value.ID != id {
 			continue
 		}
-		if !f.Success {
-			cl.t.Fatalf("rpc %s failed: %s", req, f.raw)
+		if !f.Value.Success {
+			cl.t.Fatalf("rpc %v failed: %s", req, f.Raw)
 		}
-		if f.Done == nil || !*f.Done {
-			cl.t.Fatalf("rpc %s: response %s is not final", req, f.raw)
+		if f.Value.Done == nil || !*f.Value.Done {
+			cl.t.Fatalf("rpc %v: response %s is not final", req, f.Raw)
 		}
-		return f.Result
+		return f.Value.Result
 	}
 }
 
@@ -186,21 +174,20 @@ func (cl *client) waitCount(want int, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	for {
-		typ, data, err := cl.c.Read(ctx)
+		f, err := cl.ws.Next(ctx)
 		if err != nil {
 			cl.t.Fatalf("waiting for count %d: %v", want, err)
 		}
-		if typ != websocket.MessageText {
+		if f.MessageType != websocket.MessageText {
 			continue
 		}
-		var f frame
-		if err := json.Unmarshal(data, &f); err != nil {
-			cl.t.Fatalf("frame %s is not JSON: %v", data, err)
+		if f.Err != nil {
+			cl.t.Fatalf("frame %s is not JSON: %v", f.Raw, f.Err)
 		}
-		if f.Type != wire.State {
+		if f.Value.Type != wire.State {
 			continue
 		}
-		switch got := countOf(cl.t, f.State); {
+		switch got := countOf(cl.t, f.Value.State); {
 		case got == want:
 			return
 		case got > want:

@@ -33,17 +33,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // to let time pass.
 const waitLimit = 30 * time.Second
 
+// dial opens a raw WebSocket for a hostile client (testenv.DialRaw): one
+// that floods, or never reads.
 func dial(t *testing.T, env *testenv.Env, path string) *websocket.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, env.URL(path), nil)
-	if err != nil {
-		t.Fatalf("dial %s: %v", path, err)
-	}
-	c.SetReadLimit(4 << 20)
-	t.Cleanup(func() { c.CloseNow() })
-	return c
+	return testenv.DialRaw(t, waitLimit, env.URL(path))
 }
 
 // flood runs send in a loop until stop is closed, and drains what the
@@ -96,51 +90,40 @@ type chunk struct {
 // must be in order (consecutive seq), and it returns the streamed text.
 // The request carries the whole transcript, as the npm clients send it:
 // history and the new user message.
-func chatTurn(t *testing.T, c *websocket.Conn, history []message.Message, id, text string) string {
+func chatTurn(t *testing.T, c *testenv.WSClient[wire.ChatResponseFrame], history []message.Message, id, text string) string {
 	t.Helper()
 	msgs := append(append([]message.Message(nil), history...), message.Message{
 		ID: "u-" + id, Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: text}}})
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": msgs})
-	req, _ := json.Marshal(map[string]any{"type": wire.ChatRequest, "id": id,
+	c.Send(map[string]any{"type": wire.ChatRequest, "id": id,
 		"init": map[string]any{"method": "POST", "body": string(body)}})
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	if err := c.Write(ctx, websocket.MessageText, req); err != nil {
-		t.Fatal(err)
-	}
 	var streamed strings.Builder
 	next := -1
 	for {
-		_, data, err := c.Read(ctx)
+		fr, err := c.Next(ctx)
 		if err != nil {
 			t.Fatalf("bystander connection failed during turn %s: %v", id, err)
 		}
-		var f struct {
-			Type    string `json:"type"`
-			ID      string `json:"id"`
-			Body    string `json:"body"`
-			Done    bool   `json:"done"`
-			Error   bool   `json:"error"`
-			Seq     *int   `json:"seq"`
-			Outcome string `json:"outcome"`
+		if fr.Err != nil {
+			t.Fatalf("bystander frame %s: %v", fr.Raw, fr.Err)
 		}
-		if err := json.Unmarshal(data, &f); err != nil {
-			t.Fatalf("bystander frame %s: %v", data, err)
-		}
+		f := fr.Value
 		if f.Type != wire.ChatResponse || f.ID != id {
 			continue
 		}
 		if f.Error {
-			t.Fatalf("turn %s failed: %s", id, data)
+			t.Fatalf("turn %s failed: %s", id, fr.Raw)
 		}
 		if f.Done {
 			if f.Outcome != "completed" {
-				t.Fatalf("turn %s ended with %s", id, data)
+				t.Fatalf("turn %s ended with %s", id, fr.Raw)
 			}
 			return streamed.String()
 		}
 		if f.Seq == nil {
-			t.Fatalf("chunk without seq: %s", data)
+			t.Fatalf("chunk without seq: %s", fr.Raw)
 		}
 		if next >= 0 && *f.Seq != next {
 			t.Fatalf("turn %s: chunk seq %d after %d (out of order or lost)", id, *f.Seq, next-1)
@@ -186,7 +169,7 @@ func TestBystanderChatDuringFlood(t *testing.T) {
 
 	pipe := dial(t, env, "/agents/parker/flood")
 	flood(t, &wg, pipe, stop, started, "pipelined rpc", "too many calls in flight", func(i int) []byte {
-		return fmt.Appendf(nil, `{"type":"rpc","id":"p%d","method":"park","args":[]}`, i)
+		return fmt.Appendf(nil, `{"type":%q,"id":"p%d","method":"park","args":[]}`, wire.RPC, i)
 	})
 	big := bytes.Repeat([]byte("x"), 2<<20) // twice MaxFrameBytes
 	oversized := dial(t, env, "/agents/echo-chat/flood")
@@ -208,7 +191,7 @@ func TestBystanderChatDuringFlood(t *testing.T) {
 		}
 	}
 
-	by := dial(t, env, "/agents/echo-chat/bystander")
+	by := testenv.DialWS[wire.ChatResponseFrame](t, waitLimit, env.URL("/agents/echo-chat/bystander"))
 	const turns = 3
 	var want []string
 	var history []message.Message

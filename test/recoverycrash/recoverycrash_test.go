@@ -49,24 +49,18 @@ func serve(t *testing.T, data string) *testenv.Process {
 	return testenv.StartProcess(t, waitLimit, serverBin.Path(t), "--addr", "127.0.0.1:0", "--data", data, "--delay", "40ms")
 }
 
-// frame is any frame a Chief's client gets, decoded loosely.
-type frame struct {
-	agenttool.Frame
-	Messages []message.Message `json:"messages"`
-}
-
 type client struct {
 	t  *testing.T
-	ws *testenv.WSClient[frame]
+	ws *testenv.WSClient[agenttool.Frame]
 }
 
 func dial(t *testing.T, p *testenv.Process) *client {
 	t.Helper()
-	return &client{t: t, ws: testenv.DialWS[frame](t, waitLimit, "ws://"+p.Host+"/agents/chief/c")}
+	return &client{t: t, ws: testenv.DialWS[agenttool.Frame](t, waitLimit, "ws://"+p.Host+"/agents/chief/c")}
 }
 
 // wait waits until pred holds of every frame so far.
-func (c *client) wait(what string, pred func([]testenv.Frame[frame]) bool) []testenv.Frame[frame] {
+func (c *client) wait(what string, pred func([]testenv.Frame[agenttool.Frame]) bool) []testenv.Frame[agenttool.Frame] {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -93,7 +87,7 @@ type run struct {
 	end    *agenttool.Event
 }
 
-func runOf(fs []testenv.Frame[frame], known map[string]bool) run {
+func runOf(fs []testenv.Frame[agenttool.Frame], known map[string]bool) run {
 	r := run{parts: map[string]bool{}}
 	for _, f := range fs {
 		if f.Value.Type != wire.AgentToolEvent {
@@ -132,8 +126,8 @@ func TestChildSealedAcrossKills(t *testing.T) {
 	data := t.TempDir()
 	s := serve(t, data)
 	c := dial(t, s)
-	c.wait("the chat transcript", func(fs []testenv.Frame[frame]) bool {
-		return len(fs) > 0 && strings.Contains(string(fs[len(fs)-1].Raw), `"cf_agent_chat_messages"`)
+	c.wait("the chat transcript", func(fs []testenv.Frame[agenttool.Frame]) bool {
+		return len(fs) > 0 && fs[len(fs)-1].Value.Type == wire.ChatMessages
 	})
 	body, _ := json.Marshal(map[string]any{"trigger": "submit-message", "messages": []message.Message{{
 		ID: "u1", Role: message.RoleUser, Parts: []message.Part{{Type: message.PartText, Text: "loop forever"}}}}})
@@ -150,7 +144,7 @@ func TestChildSealedAcrossKills(t *testing.T) {
 	for {
 		// Killed once this life's model call streamed three deltas (in
 		// a text part no earlier life had).
-		fs := c.wait("the child streaming or ending", func(fs []testenv.Frame[frame]) bool {
+		fs := c.wait("the child streaming or ending", func(fs []testenv.Frame[agenttool.Frame]) bool {
 			r = runOf(fs, known)
 			return r.end != nil || r.deltas >= 3
 		})
@@ -180,7 +174,7 @@ func TestChildSealedAcrossKills(t *testing.T) {
 	}
 
 	// The Chief's model got the failure envelope and answered.
-	fs := c.wait("the Chief's answer", func(fs []testenv.Frame[frame]) bool {
+	fs := c.wait("the Chief's answer", func(fs []testenv.Frame[agenttool.Frame]) bool {
 		return chiefAnswer(fs) != nil
 	})
 	answer := chiefAnswer(fs)
@@ -258,12 +252,19 @@ func TestChildSealedAcrossKills(t *testing.T) {
 
 // chiefAnswer returns the Chief's answer in the last transcript frame once
 // its tool call has a result and its text follows, else nil.
-func chiefAnswer(fs []testenv.Frame[frame]) *message.Message {
+func chiefAnswer(fs []testenv.Frame[agenttool.Frame]) *message.Message {
 	for i := len(fs) - 1; i >= 0; i-- {
-		if !strings.Contains(string(fs[i].Raw), `"cf_agent_chat_messages"`) {
+		if fs[i].Value.Type != wire.ChatMessages {
 			continue
 		}
-		for _, m := range fs[i].Value.Messages {
+		// The client decodes agent-tool events; a transcript frame is
+		// read again as testenv.WireFrame and its messages as messages.
+		var f testenv.WireFrame
+		var msgs []message.Message
+		if json.Unmarshal(fs[i].Raw, &f) != nil || json.Unmarshal(f.Messages, &msgs) != nil {
+			return nil
+		}
+		for _, m := range msgs {
 			if m.Role == message.RoleAssistant && strings.Contains(chat.MessageText(m), "did not finish") {
 				return &m
 			}

@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -14,6 +16,8 @@ import (
 
 // Frame is one frame a WSClient received.
 type Frame[F any] struct {
+	// MessageType is the WebSocket message type (text or binary).
+	MessageType websocket.MessageType
 	// Raw is the frame's payload.
 	Raw json.RawMessage
 	// Value is what json.Unmarshal made of Raw.
@@ -45,26 +49,138 @@ type WSClient[F any] struct {
 // size limit.
 func DialWS[F any](t testing.TB, limit time.Duration, url string) *WSClient[F] {
 	t.Helper()
+	return DialWSHeader[F](t, limit, url, nil)
+}
+
+// DialWSHeader is DialWS with the handshake request's headers h (nil for
+// none).
+func DialWSHeader[F any](t testing.TB, limit time.Duration, url string, h http.Header) *WSClient[F] {
+	t.Helper()
+	c, resp, err := TryDialWS[F](t, limit, url, h)
+	if err != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		t.Fatalf("%v (status %d)", err, status)
+	}
+	return c
+}
+
+// TryDialWS is DialWSHeader for a handshake that may be refused: it
+// returns the handshake's HTTP response (its body closed; status and
+// headers readable; nil when no response came) and the error instead of
+// failing the test. The client is nil when err is not.
+func TryDialWS[F any](t testing.TB, limit time.Duration, url string, h http.Header) (*WSClient[F], *http.Response, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	c, resp, err := websocket.Dial(ctx, url, nil)
+	c, resp, err := dialConn(ctx, url, h)
+	if err != nil {
+		return nil, resp, err
+	}
+	cl := &WSClient[F]{t: t, conn: c, limit: limit, done: make(chan struct{}), change: make(chan struct{})}
+	go cl.read()
+	t.Cleanup(cl.Close)
+	return cl, resp, nil
+}
+
+// dialConn dials url with headers h within ctx, closes the handshake
+// response's body and lifts the read limit. It is the test kit's one
+// WebSocket dial.
+func dialConn(ctx context.Context, url string, h http.Header) (*websocket.Conn, *http.Response, error) {
+	c, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: h})
 	if resp != nil && resp.Body != nil {
 		resp.Body.Close()
 	}
 	if err != nil {
-		t.Fatalf("dial %s: %v", url, err)
+		return nil, resp, fmt.Errorf("dial %s: %w", url, err)
 	}
 	c.SetReadLimit(-1)
-	cl := &WSClient[F]{t: t, conn: c, limit: limit, done: make(chan struct{}), change: make(chan struct{})}
-	go cl.read()
-	t.Cleanup(cl.Close)
-	return cl
+	return c, resp, nil
+}
+
+// UpgradeStatus attempts a WebSocket upgrade of url with headers h (nil
+// for none) within limit and returns the HTTP status: 101 when it was
+// accepted, in which case the connection is closed normally at once. No
+// HTTP response fails the test.
+func UpgradeStatus(t testing.TB, limit time.Duration, url string, h http.Header) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	c, resp, err := dialConn(ctx, url, h)
+	if err == nil {
+		c.Close(websocket.StatusNormalClosure, "")
+	}
+	if resp == nil {
+		t.Fatalf("upgrade %s: %v", url, err)
+	}
+	return resp.StatusCode
+}
+
+// DialRaw connects to url within limit and returns the bare connection,
+// which nothing reads until the test does and which is closed on the
+// test's cleanup; frames have no size limit. It is for the tests whose
+// point is the transport itself (a client that never reads, a flood of
+// pipelined frames); every other test uses a WSClient.
+func DialRaw(t testing.TB, limit time.Duration, url string) *websocket.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	c, _, err := dialConn(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.CloseNow() })
+	return c
+}
+
+// DialRawUntil is DialRaw for code without a testing.TB and for
+// benchmarks, which measure their own synchronous reads: it connects to
+// url within ctx and reads the connect frames until one of type last
+// arrived (wire.MCPServers ends the agent's connect sequence,
+// wire.ChatMessages a chat's); with last "" it reads none. Frames have no
+// size limit. The caller closes the connection.
+func DialRawUntil(ctx context.Context, url, last string) (*websocket.Conn, error) {
+	c, _, err := dialConn(ctx, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	for last != "" {
+		_, data, err := c.Read(ctx)
+		if err != nil {
+			c.CloseNow()
+			return nil, fmt.Errorf("connect frames of %s: %w", url, err)
+		}
+		if FrameType(data) == last {
+			break
+		}
+	}
+	return c, nil
+}
+
+// FrameType returns the "type" of a JSON frame, cheaply when it comes
+// first (as in every frame the server writes), and "" when it has none.
+func FrameType(data []byte) string {
+	const key = `{"type":"`
+	if !bytes.HasPrefix(data, []byte(key)) {
+		var f struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(data, &f)
+		return f.Type
+	}
+	rest := data[len(key):]
+	if i := bytes.IndexByte(rest, '"'); i >= 0 {
+		return string(rest[:i])
+	}
+	return ""
 }
 
 func (c *WSClient[F]) read() {
 	defer close(c.done)
 	for {
-		_, data, err := c.conn.Read(context.Background())
+		typ, data, err := c.conn.Read(context.Background())
 		c.mu.Lock()
 		if err != nil {
 			c.closed, c.err = true, err
@@ -72,7 +188,7 @@ func (c *WSClient[F]) read() {
 			c.mu.Unlock()
 			return
 		}
-		f := Frame[F]{Raw: data}
+		f := Frame[F]{MessageType: typ, Raw: data}
 		f.Err = json.Unmarshal(data, &f.Value)
 		c.frames = append(c.frames, f)
 		close(c.change)
@@ -93,6 +209,38 @@ func (c *WSClient[F]) Close() {
 func (c *WSClient[F]) CloseNormally() {
 	c.conn.Close(websocket.StatusNormalClosure, "")
 	<-c.done
+}
+
+// Conn returns the connection, for what a WSClient does not do (closing
+// with a chosen code).
+func (c *WSClient[F]) Conn() *websocket.Conn { return c.conn }
+
+// CloseError waits until the connection ended and returns the close frame
+// the peer sent (its code and reason). When the connection ended without
+// one, or ctx ended first, the code is -1 and the error says why.
+func (c *WSClient[F]) CloseError(ctx context.Context) (websocket.CloseError, error) {
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		return websocket.CloseError{Code: -1}, fmt.Errorf("connection still open: %w", ctx.Err())
+	}
+	var ce websocket.CloseError
+	if errors.As(c.err, &ce) { // c.err is set before done is closed
+		return ce, nil
+	}
+	return websocket.CloseError{Code: -1}, fmt.Errorf("connection ended without a close frame: %w", c.err)
+}
+
+// SendRaw sends data as one frame of type typ within the limit given to
+// DialWS, for frames that are not JSON of a value (malformed, binary);
+// an error fails the test.
+func (c *WSClient[F]) SendRaw(typ websocket.MessageType, data []byte) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), c.limit)
+	defer cancel()
+	if err := c.conn.Write(ctx, typ, data); err != nil {
+		c.t.Fatalf("write: %v", err)
+	}
 }
 
 // SendContext sends v as a JSON text frame.
@@ -165,6 +313,11 @@ func GetJSON(t testing.TB, url string, out any) {
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Unread returns the frames received so far that Next has not returned.
+func (c *WSClient[F]) Unread() []Frame[F] {
+	return c.Frames()[c.next:]
 }
 
 // Frames returns the frames received so far.
