@@ -390,6 +390,9 @@ func (h *host) runRemote(ctx, awaitCtx context.Context, row runRow, input json.R
 	child := h.b.Path().Child(row.AgentType, row.RunID)
 	streamID, err := r.StartChild(ctx, RemoteStart{ParentPath: h.b.Path(), Class: row.AgentType, RunID: row.RunID, Input: input})
 	if err != nil {
+		if !row.det.Detached && h.unreached(err) {
+			return Result{}, fmt.Errorf("agenttool: start child of %s: %w", row.RunID, err)
+		}
 		return h.dispatchFailed(ctx, row, h.runError(row.RunID, fmt.Errorf("start child: %w", err)))
 	}
 	if err := h.markRunning(ctx, row.RunID); err != nil {
@@ -407,6 +410,22 @@ func (h *host) runRemote(ctx, awaitCtx context.Context, row runRow, input json.R
 		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusRunning}, nil
 	}
 	return h.awaitRemote(awaitCtx, row, child, streamID, input, r)
+}
+
+// unreached reports whether a start of an awaited run's child on another
+// node failed without an answer of the child's owner: none could be
+// reached in time (a database outage, a shard changing hands: the node
+// call gave up), or the runtime is closing. Such a run is not ended: it
+// stays recorded as starting, its dispatch fails with the error, and a
+// dispatch of the same run id starts it (starting is idempotent), as
+// after a crash between recording the run and starting its child; the
+// parent's recovery waits for that dispatch. Ending it with the error
+// made an outage's refusal the run's final result (TestPostgresRestart-
+// DuringFanOut: a run ended "timed out", and every repeated request got
+// that stored error).
+func (h *host) unreached(err error) bool {
+	return h.rt.Context().Err() != nil || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, store.ErrUnavailable) || errors.Is(err, agent.ErrNotOwner)
 }
 
 // followRemote is follow for a child on another node.
@@ -482,6 +501,9 @@ func (h *host) redispatchRemote(ctx context.Context, row runRow, input json.RawM
 	if streamID == "" {
 		streamID, err = r.StartChild(ctx, RemoteStart{ParentPath: h.b.Path(), Class: row.AgentType, RunID: row.RunID, Input: input})
 		if err != nil {
+			if h.unreached(err) {
+				return Result{}, fmt.Errorf("agenttool: start child of %s: %w", row.RunID, err)
+			}
 			return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 		}
 		if err := h.markRunning(ctx, row.RunID); err != nil {

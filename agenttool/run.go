@@ -31,7 +31,10 @@ type liveRun struct {
 //
 // The error is non-nil only when the run could not be dispatched: an
 // unknown class, a concurrency cap reached (*CapError; the run id is not
-// consumed), a child that is not a chat agent, or a storage failure.
+// consumed), a child that is not a chat agent, a storage failure, or (in a
+// cluster) a child whose owner could not be reached in time: that run
+// stays recorded and not ended, and a dispatch of the same run id starts
+// it.
 func RunAgentTool[C agent.ClassName](ctx context.Context, parent agent.Agent, c C, opts RunOptions) (Result, error) {
 	class := string(c)
 	h, err := hostOf(parent)

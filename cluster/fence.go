@@ -27,7 +27,10 @@ func (n *Node) Epoch(path agent.Path) (int64, bool) {
 // runs first (agent.Options.Placement). epoch is the lease epoch the
 // writing hydration of the instance was made under (Epoch), or zero for
 // the lease held now. It refuses at once when this node is past the
-// lease's local deadline, no longer holds it, or holds it at another
+// lease's local deadline (an error that wraps store.ErrUndecided as well
+// while the lease is still held: the node's next round renews or drops
+// it, and store/postgres runs the transaction again until then), no
+// longer holds it, or holds it at another
 // epoch than the hydration's (the node lost the shard and took it back:
 // the instance it dropped then may still run, and must not write beside
 // the new hydration). Otherwise it locks the shard's lease row (FOR KEY
@@ -59,13 +62,22 @@ func (n *Node) Fence(ctx context.Context, tx store.Tx, path agent.Path, epoch in
 	l, ok := n.owned[s]
 	var held int64
 	var idle time.Duration
+	lapsed := false
 	if ok {
 		held = l.epoch
 		ok = now.Before(l.deadline)
+		lapsed = !ok && !l.draining && (epoch == 0 || epoch == held)
 		// The lease expires a quarter lease after the local deadline.
 		idle = l.deadline.Add(n.cfg.Lease / 4).Sub(now)
 	}
 	n.mu.Unlock()
+	if lapsed {
+		// Past the local deadline but not lost: the next lease round
+		// renews the lease (under the same epoch, so this hydration
+		// writes again) or drops it. Refused now, and undecided: the
+		// store runs the transaction again, and this fence decides then.
+		return fmt.Errorf("%w: %s (shard %d, lease past its local deadline, not renewed yet): %w", ErrNotOwner, path, s, store.ErrUndecided)
+	}
 	if !ok {
 		return fmt.Errorf("%w: %s (shard %d)", ErrNotOwner, path, s)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/store"
 )
 
 // PeerPrefix is the URL path prefix of the node-to-node calls.
@@ -244,6 +245,12 @@ func (p *Peer) call(ctx context.Context, path agent.Path, op string, in, out any
 			err = errMoving
 		}
 		if !clock.Now().Before(deadline) {
+			if errors.Is(err, errMoving) {
+				// No owner answered in the whole window: unavailable,
+				// as a database that cannot be reached (the caller
+				// neither decides nor records anything on it).
+				return fmt.Errorf("cluster: %s %s: %w (%w)", op, path, err, store.ErrUnavailable)
+			}
 			return fmt.Errorf("cluster: %s %s: %w", op, path, err)
 		}
 		t := clock.NewTimer(wait)

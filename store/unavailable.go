@@ -30,3 +30,16 @@ func RetryLimitOf(ctx context.Context) (time.Duration, bool) {
 	d, ok := ctx.Value(retryLimitKey{}).(time.Duration)
 	return d, ok
 }
+
+// ErrUndecided is wrapped by the error of a fence (or callback) whose
+// check cannot be decided yet and may pass a moment later: in cluster
+// mode, the lease of the instance's shard is past its node's local
+// deadline and the node's next lease round will either renew it (the
+// write may go on) or drop it (refused for good). store/postgres treats
+// such an attempt as one that could not reach the database: it rolls the
+// transaction back and runs it again after a pause, fences included,
+// within the call's retry limit (a call that gives up wraps
+// ErrUnavailable as well). Refusing it at once would make a transient
+// state final: a chat turn whose chunks were refused is aborted, and its
+// end then commits under the lease renewed a moment later.
+var ErrUndecided = errors.New("store: fence undecided, try again")

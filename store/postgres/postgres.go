@@ -56,7 +56,9 @@
 // transaction's id before every COMMIT of a transaction that wrote
 // (txid_current_if_assigned, one round trip), and asks the database about it
 // (txid_status) when it is back: committed is success, aborted runs the
-// callback again. The pause between attempts grows from 10 ms to one second.
+// callback again. A fence whose error wraps store.ErrUndecided (a lease
+// that its node's next round renews or drops) is waited out the same way.
+// The pause between attempts grows from 10 ms to one second.
 // A call gives up with an error wrapping store.ErrUnavailable when its
 // context ends, when the context's store.WithRetryLimit passes (the server
 // sets one on its requests), or after Options.MaxOutage (two minutes); Close
@@ -286,7 +288,9 @@ func (db *DB) Update(ctx context.Context, fn func(store.Tx) error) error {
 				db.stats.committed.Add(1)
 				return nil
 			}
-		case unavailable(err):
+		case unavailable(err) || errors.Is(err, store.ErrUndecided):
+			// An undecided fence is waited out as an outage: the next
+			// attempt checks it again.
 			if werr := db.wait(ctx, &o, err); werr != nil {
 				return werr
 			}
