@@ -15,7 +15,7 @@ import (
 	"github.com/agentry/agentry/server"
 )
 
-// A burst of 20,000 small frames (written in batches) reaches a reading
+// A burst of 20,000 small frames (5,000 under -race) (written in batches) reaches a reading
 // client complete and in order, while a client that reads nothing of its
 // 20 MiB burst is closed once a network write has waited WriteTimeout:
 // batching keeps the write deadline.
@@ -28,7 +28,14 @@ func TestBatchedWritesDeadline(t *testing.T) {
 	rawDial(t, env, "/agents/replayer/big?_pk=stalled") // never read
 	waitEvent(t, closes, "close")                       // the only socket
 
-	small := testenv.ReplayerClass(testenv.ReplayOptions{Frames: 20000, FrameBytes: 60})
+	// Under the race detector a frame costs ten times as much: 5,000
+	// frames (about 450 KB, seven batches) still cross batch bounds many
+	// times, and a loaded machine reads them within the wait limit.
+	frames := 20000
+	if testenv.Race {
+		frames = 5000
+	}
+	small := testenv.ReplayerClass(testenv.ReplayOptions{Frames: frames, FrameBytes: 60})
 	env2 := testenv.Start(t, testenv.Options{Classes: []agent.Class{small}})
 	c := rawDial(t, env2, "/agents/replayer/many")
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
@@ -38,7 +45,7 @@ func TestBatchedWritesDeadline(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i := range 20000 {
+	for i := range frames {
 		_, data, err := c.Read(ctx)
 		if err != nil {
 			t.Fatalf("frame %d: %v", i, err)

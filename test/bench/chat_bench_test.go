@@ -185,7 +185,7 @@ type benchChat struct {
 func (c *benchChat) ChatModel() model.Model { return c.m }
 
 func chatClassOf(name string, m model.Model) agent.Class {
-	return agent.Class{Name: name, New: func() agent.Agent { return &benchChat{m: m} }}
+	return agent.Class{Name: name, Public: true, New: func() agent.Agent { return &benchChat{m: m} }}
 }
 
 // echoModel answers "You said: <text>" in chunks of 8 characters, with no
