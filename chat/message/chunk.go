@@ -218,14 +218,7 @@ func (c Chunk) MarshalJSON() ([]byte, error) {
 	e.raw("messageMetadata", c.MessageMetadata)
 	e.raw("providerMetadata", c.ProviderMetadata)
 	if e.err == nil && len(c.extra) > 0 {
-		// The unknown members, through the general encoder.
-		rest, err := marshalObject(nil, func(string) bool { return false }, c.extra)
-		if err != nil {
-			e.err = err
-		} else if len(rest) > 2 {
-			e.b = append(e.b, ',')
-			e.b = append(e.b, rest[1:len(rest)-1]...)
-		}
+		e.b, e.err = appendExtra(e.b, c.extra)
 	}
 	if e.err != nil {
 		return nil, fmt.Errorf("chunk %q: %w", c.Type, e.err)
