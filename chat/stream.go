@@ -228,20 +228,24 @@ func (t *turn) publish(batch []storedChunk) {
 		targets = append(targets, conn)
 	}
 	for _, sc := range batch {
-		if sc.Live {
-			frame := encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Continuation: t.row.Continuation})
+		// Without a connection to take it live (a child's stream, which
+		// its parent follows), a chunk's frame is not encoded.
+		if len(targets) > 0 {
+			f := wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Continuation: t.row.Continuation}
+			seq := sc.Seq
+			if !sc.Live {
+				f.Seq = &seq
+			}
+			frame := encodeResponse(f)
 			for _, conn := range targets {
 				conn.SendRaw(frame)
 			}
+		}
+		if sc.Live {
 			continue
 		}
-		seq := sc.Seq
-		frame := encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
-		for _, conn := range targets {
-			conn.SendRaw(frame)
-		}
 		for f := range c.follow[t.row.ID] {
-			f.fn(seq, sc.Body)
+			f.fn(sc.Seq, sc.Body)
 		}
 	}
 	t.startedLocked()
