@@ -23,7 +23,7 @@ func (b *Base) LayerConnect(ctx context.Context, conn *agent.Conn) {
 	// From now on live chunks reach this connection; those streamed before
 	// reach it through the resume offer below.
 	c.admitted[conn] = true
-	conn.SendRaw(encode(messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs), Connect: true}))
+	conn.SendRaw(messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs), Connect: true}.encode())
 	if t := c.active; t != nil && t.started {
 		c.pending[conn] = t.row.ID
 		conn.SendRaw(encode(wire.StreamFrame{Type: wire.StreamResuming, ID: t.row.ID}))
@@ -221,7 +221,7 @@ func (c *core) onResumeRequest(conn *agent.Conn, probeID string) {
 		conn.SendRaw(encode(wire.StreamFrame{Type: wire.StreamPending, ID: id, ProbeID: probeID}))
 	default:
 		if first {
-			conn.SendRaw(encode(messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs)}))
+			conn.SendRaw(messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs)}.encode())
 		}
 		conn.SendRaw(encode(wire.StreamFrame{Type: wire.StreamResumeNone, Reason: "idle", ProbeID: probeID}))
 	}
@@ -235,9 +235,9 @@ func (c *core) onResumeAck(ctx context.Context, conn *agent.Conn, id string) {
 	if t := c.active; t != nil && t.row.ID == id {
 		for _, sc := range t.chunks {
 			seq := sc.Seq
-			conn.SendRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: t.row.Continuation}))
+			conn.SendRaw(encodeResponse(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: t.row.Continuation}))
 		}
-		conn.SendRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Replay: true, ReplayComplete: true, Continuation: t.row.Continuation}))
+		conn.SendRaw(encodeResponse(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Replay: true, ReplayComplete: true, Continuation: t.row.Continuation}))
 		delete(c.pending, conn)
 		c.mu.Unlock()
 		return
@@ -266,7 +266,7 @@ func (c *core) onResumeAck(ctx context.Context, conn *agent.Conn, id string) {
 	}
 	for _, sc := range chunks {
 		seq := sc.Seq
-		conn.SendRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: row.Continuation}))
+		conn.SendRaw(encodeResponse(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Body: sc.Body, Seq: &seq, Replay: true, Continuation: row.Continuation}))
 	}
 	if row.Outcome == OutcomeError {
 		conn.Send(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Body: row.Error, Error: true, Replay: true, Continuation: row.Continuation})

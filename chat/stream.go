@@ -62,15 +62,21 @@ func (t *turn) send(ch message.Chunk) { t.sendChunk(ch, false) }
 // with the committed ones but is not stored and has no sequence number.
 func (t *turn) sendChunk(ch message.Chunk, live bool) {
 	c := t.c
-	body, err := ch.MarshalJSON() // what json.Marshal writes, without its second pass
+	// What json.Marshal writes, without its second pass, in the turn's
+	// buffer: the stored and sent body is the one copy.
+	t.encMu.Lock()
+	enc, err := ch.AppendJSON(t.enc[:0])
+	t.enc = enc
+	body := string(enc)
+	t.encMu.Unlock()
 	if err != nil {
 		c.log.Error("chat: encode chunk", "err", err)
 		return
 	}
 	c.mu.Lock()
-	sc := storedChunk{Seq: -1, Body: string(body), Live: true}
+	sc := storedChunk{Seq: -1, Body: body, Live: true}
 	if !live {
-		sc = storedChunk{Seq: t.nextSeq, Body: string(body), Work: t.credit(ch.Type)}
+		sc = storedChunk{Seq: t.nextSeq, Body: body, Work: t.credit(ch.Type)}
 		t.nextSeq++
 	}
 	t.unflushed = append(t.unflushed, sc)
@@ -228,20 +234,24 @@ func (t *turn) publish(batch []storedChunk) {
 		targets = append(targets, conn)
 	}
 	for _, sc := range batch {
-		if sc.Live {
-			frame := encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Continuation: t.row.Continuation})
+		// Without a connection to take it live (a child's stream, which
+		// its parent follows), a chunk's frame is not encoded.
+		if len(targets) > 0 {
+			f := wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Continuation: t.row.Continuation}
+			seq := sc.Seq
+			if !sc.Live {
+				f.Seq = &seq
+			}
+			frame := encodeResponse(f)
 			for _, conn := range targets {
 				conn.SendRaw(frame)
 			}
+		}
+		if sc.Live {
 			continue
 		}
-		seq := sc.Seq
-		frame := encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq, Continuation: t.row.Continuation})
-		for _, conn := range targets {
-			conn.SendRaw(frame)
-		}
 		for f := range c.follow[t.row.ID] {
-			f.fn(seq, sc.Body)
+			f.fn(sc.Seq, sc.Body)
 		}
 	}
 	t.startedLocked()

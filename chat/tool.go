@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 
 	"github.com/google/jsonschema-go/jsonschema"
 
@@ -34,6 +35,7 @@ type Tool struct {
 	schema   *jsonschema.Schema
 	raw      json.RawMessage // the schema as given to NewRawTool, offered unchanged
 	resolved *jsonschema.Resolved
+	spec     *specCache // the schema's JSON, marshalled once for every copy of t
 	exec     func(ctx context.Context, input json.RawMessage) (any, error)
 	checks   []func(rt *agent.Runtime) error
 	client   bool        // a client-side tool: schema only, answered by the client
@@ -151,15 +153,41 @@ func (t *Tool) resolve() {
 		panic(fmt.Sprintf("chat: tool %s: resolve input schema: %v", t.Name, err))
 	}
 	t.resolved = r
+	t.spec = &specCache{}
 }
 
-// Schema returns the tool's input JSON Schema.
+// specCache holds a tool's input schema as JSON once Spec marshalled it:
+// a tool an agent builds once is offered to the model at every turn.
+type specCache struct {
+	mu   sync.Mutex
+	data json.RawMessage
+}
+
+// of returns s marshalled, the first time only.
+func (c *specCache) of(s *jsonschema.Schema) json.RawMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.data == nil {
+		c.data, _ = json.Marshal(s)
+	}
+	return c.data
+}
+
+// Schema returns the tool's input JSON Schema, to read: see WithSchema
+// for changing it.
 func (t Tool) Schema() *jsonschema.Schema { return t.schema }
 
-// Spec returns the tool as offered to a model.
+// Spec returns the tool as offered to a model. The input schema is
+// marshalled on the first call, once for the tool and its copies; change a
+// schema with WithSchema, which makes a new tool, not through the pointer
+// Schema returns.
 func (t Tool) Spec() model.ToolSpec {
 	data := t.raw
-	if data == nil {
+	switch {
+	case data != nil:
+	case t.spec != nil:
+		data = t.spec.of(t.schema)
+	default:
 		data, _ = json.Marshal(t.schema)
 	}
 	return model.ToolSpec{Name: t.Name, Description: t.Description, InputSchema: data}

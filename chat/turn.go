@@ -55,6 +55,8 @@ type turn struct {
 
 	commitMu sync.Mutex // serializes commits of the stream, and so the order clients see
 	writeMu  sync.Mutex // serializes writes (tools run in parallel)
+	encMu    sync.Mutex // guards enc
+	enc      []byte     // the buffer sendChunk encodes a chunk in
 
 	// Owned by the turn's goroutine.
 	builder  *message.Builder

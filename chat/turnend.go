@@ -127,9 +127,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	// Every turn ends with its terminal frame, also one that a clear
 	// overtook: the clients' streams (and their status) end with it.
 	if outcome == OutcomeError {
-		c.b.BroadcastRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: errText, Error: true, Continuation: t.row.Continuation}), replaying...)
+		c.b.BroadcastRaw(encodeResponse(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: errText, Error: true, Continuation: t.row.Continuation}), replaying...)
 	}
-	c.b.BroadcastRaw(encode(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Done: true, Outcome: outcome,
+	c.b.BroadcastRaw(encodeResponse(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Done: true, Outcome: outcome,
 		MessageIDs: t.row.MessageIDs, Continuation: t.row.Continuation}), replaying...)
 	c.rt.Diag().Publish(t.ctx, diag.ChannelChat, "turn", c.b.Path().String(), map[string]any{"stream": t.row.ID, "outcome": outcome})
 	return res
@@ -220,6 +220,11 @@ const lastChunks = 256
 // so the broadcast waits for the turn's end (finishTurn sends it to every
 // connection then): a client never sees a list in which a notice stands
 // above the reply that is still streaming.
+//
+// With no connection to send it to (a child's chat, a user's only
+// connection that sent the message), the transcript is not encoded: a
+// connection that opens later gets it on connect (LayerConnect reads the
+// transcript this call was made for, or a newer one).
 func (c *core) broadcastTranscript(exclude *agent.Conn) {
 	c.mu.Lock()
 	if c.active != nil {
@@ -227,13 +232,34 @@ func (c *core) broadcastTranscript(exclude *agent.Conn) {
 		c.mu.Unlock()
 		return
 	}
-	frame := encode(messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs)})
+	c.mu.Unlock()
+	if !c.listened(exclude) {
+		return
+	}
+	c.mu.Lock()
+	if c.active != nil {
+		c.deferred = true
+		c.mu.Unlock()
+		return
+	}
+	frame := messagesFrame{Type: wire.ChatMessages, Messages: nonNil(c.msgs)}.encode()
 	c.mu.Unlock()
 	if exclude != nil {
 		c.b.BroadcastRaw(frame, exclude)
 	} else {
 		c.b.BroadcastRaw(frame)
 	}
+}
+
+// listened reports whether the instance has a connection other than
+// exclude.
+func (c *core) listened(exclude *agent.Conn) bool {
+	for _, conn := range c.b.Connections() {
+		if conn != exclude {
+			return true
+		}
+	}
+	return false
 }
 
 func nonNil(m []message.Message) []message.Message {

@@ -66,28 +66,89 @@ func AppendString(b []byte, s string) []byte {
 
 // AppendRaw appends raw as encoding/json writes a json.RawMessage: null
 // when nil, otherwise validated and compacted, with HTML-safe escaping
-// inside its strings. Raw JSON that is compact and holds none of the
-// characters escaping changes is appended as it is, after validation.
+// (<, >, & and U+2028, U+2029 as \u escapes). Raw JSON that is compact and
+// holds none of those characters is appended as it is, after validation;
+// other raw JSON is rewritten in one pass into b, without a buffer of its
+// own.
 func AppendRaw(b []byte, raw json.RawMessage) ([]byte, error) {
 	if raw == nil {
 		return append(b, "null"...), nil
 	}
-	plain := len(raw) > 0
-	for _, c := range raw {
-		switch c {
-		case ' ', '\t', '\n', '\r', '<', '>', '&', 0xE2: // 0xE2 starts U+2028 and U+2029
-			plain = false
+	if !json.Valid(raw) {
+		// The error json.Marshal reports for it.
+		v, err := json.Marshal(raw)
+		if err != nil {
+			return b, err
 		}
-		if !plain {
-			break
-		}
+		return append(b, v...), nil
 	}
-	if plain && json.Valid(raw) {
+	if isCompactSafe(raw) {
 		return append(b, raw...), nil
 	}
-	v, err := json.Marshal(raw)
-	if err != nil {
-		return b, err
+	return appendCompactSafe(b, raw), nil
+}
+
+// isCompactSafe reports whether valid JSON raw has no space outside its
+// strings and none of the characters HTML-safe escaping changes.
+func isCompactSafe(raw []byte) bool {
+	inString, escaped := false, false
+	for i, c := range raw {
+		switch {
+		case c == '<' || c == '>' || c == '&':
+			return false
+		case c == 0xE2 && i+2 < len(raw) && raw[i+1] == 0x80 && raw[i+2]&^1 == 0xA8:
+			return false
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			return false
+		}
 	}
-	return append(b, v...), nil
+	return true
+}
+
+// appendCompactSafe appends valid JSON raw without the spaces outside its
+// strings and with <, >, &, U+2028 and U+2029 escaped: what
+// encoding/json's compaction with HTML escaping writes.
+func appendCompactSafe(b, raw []byte) []byte {
+	inString, escaped := false, false
+	start := 0
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		switch {
+		case c == '<' || c == '>' || c == '&':
+			b = append(b, raw[start:i]...)
+			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			start = i + 1
+		case c == 0xE2 && i+2 < len(raw) && raw[i+1] == 0x80 && raw[i+2]&^1 == 0xA8:
+			b = append(b, raw[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[raw[i+2]&0xF])
+			i += 2
+			start = i + 1
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			b = append(b, raw[start:i]...)
+			start = i + 1
+		}
+	}
+	return append(b, raw[start:]...)
 }

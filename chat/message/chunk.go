@@ -140,11 +140,14 @@ func (c *Chunk) fields() []field {
 
 // required reports whether key is written even when empty for the chunk's
 // type, because the AI SDK's schema demands it.
-func (c *Chunk) required(key string) bool {
+func (c *Chunk) required(key string) bool { return chunkRequired(c.Type, key) }
+
+// chunkRequired is Chunk.required for a chunk of type typ.
+func chunkRequired(typ, key string) bool {
 	if key == "type" {
 		return true
 	}
-	switch c.Type {
+	switch typ {
 	case ChunkTextStart, ChunkTextEnd, ChunkReasoningStart, ChunkReasoningEnd:
 		return key == "id"
 	case ChunkTextDelta, ChunkReasoningDelta:
@@ -176,7 +179,7 @@ func (c *Chunk) required(key string) bool {
 	case ChunkMessageMetadata:
 		return key == "messageMetadata"
 	}
-	return c.IsData() && key == "data"
+	return strings.HasPrefix(typ, DataPartPrefix) && key == "data"
 }
 
 // MarshalJSON encodes c as an AI SDK UIMessageChunk, unknown members
@@ -185,7 +188,18 @@ func (c *Chunk) required(key string) bool {
 // member in the order of fields, without reflection: a chunk is encoded
 // once per streamed token.
 func (c Chunk) MarshalJSON() ([]byte, error) {
-	e := chunkEncoder{c: &c, b: make([]byte, 0, 64+len(c.Delta)+len(c.ID)+len(c.MessageMetadata)+len(c.Input)+len(c.Output)+len(c.Data))}
+	b, err := c.AppendJSON(make([]byte, 0, 64+len(c.Delta)+len(c.ID)+len(c.MessageMetadata)+len(c.Input)+len(c.Output)+len(c.Data)))
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// AppendJSON appends c's encoding, what MarshalJSON returns, to b: a
+// caller that encodes a chunk per streamed token reuses one buffer.
+func (c *Chunk) AppendJSON(b []byte) ([]byte, error) {
+	start := len(b)
+	e := chunkEncoder{typ: c.Type, b: b}
 	e.b = append(e.b, `{"type":`...)
 	e.b = jsonenc.AppendString(e.b, c.Type)
 	e.str("messageId", c.MessageID)
@@ -218,17 +232,10 @@ func (c Chunk) MarshalJSON() ([]byte, error) {
 	e.raw("messageMetadata", c.MessageMetadata)
 	e.raw("providerMetadata", c.ProviderMetadata)
 	if e.err == nil && len(c.extra) > 0 {
-		// The unknown members, through the general encoder.
-		rest, err := marshalObject(nil, func(string) bool { return false }, c.extra)
-		if err != nil {
-			e.err = err
-		} else if len(rest) > 2 {
-			e.b = append(e.b, ',')
-			e.b = append(e.b, rest[1:len(rest)-1]...)
-		}
+		e.b, e.err = appendExtra(e.b, c.extra)
 	}
 	if e.err != nil {
-		return nil, fmt.Errorf("chunk %q: %w", c.Type, e.err)
+		return b[:start], fmt.Errorf("chunk %q: %w", c.Type, e.err)
 	}
 	return append(e.b, '}'), nil
 }
@@ -236,7 +243,7 @@ func (c Chunk) MarshalJSON() ([]byte, error) {
 // chunkEncoder appends a chunk's members after its type; each is left out
 // when zero unless its key is required for the chunk's type.
 type chunkEncoder struct {
-	c   *Chunk
+	typ string // the chunk's type, which says which keys are required
 	b   []byte
 	err error
 }
@@ -248,7 +255,7 @@ func (e *chunkEncoder) key(key string) {
 }
 
 func (e *chunkEncoder) str(key, v string) {
-	if v == "" && !e.c.required(key) {
+	if v == "" && !chunkRequired(e.typ, key) {
 		return
 	}
 	e.key(key)
@@ -256,7 +263,7 @@ func (e *chunkEncoder) str(key, v string) {
 }
 
 func (e *chunkEncoder) raw(key string, v json.RawMessage) {
-	if e.err != nil || len(v) == 0 && !e.c.required(key) {
+	if e.err != nil || len(v) == 0 && !chunkRequired(e.typ, key) {
 		return
 	}
 	e.key(key)
@@ -269,7 +276,7 @@ func (e *chunkEncoder) raw(key string, v json.RawMessage) {
 }
 
 func (e *chunkEncoder) flag(key string, v *bool) {
-	if v == nil && !e.c.required(key) {
+	if v == nil && !chunkRequired(e.typ, key) {
 		return
 	}
 	e.key(key)

@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"slices"
-
-	"github.com/agentry/agentry/jsonenc"
 )
 
 // field binds a JSON object key to a pointer to the Go field that holds
@@ -36,92 +33,6 @@ func (f field) isZero() bool {
 		return *p == nil
 	}
 	panic(fmt.Sprintf("message: unsupported field type %T", f.ptr))
-}
-
-// appendValue appends the field's value as encoding/json would write it
-// (compact, HTML-safe), without reflection.
-func (f field) appendValue(b []byte) ([]byte, error) {
-	switch p := f.ptr.(type) {
-	case *string:
-		return jsonenc.AppendString(b, *p), nil
-	case *Role:
-		return jsonenc.AppendString(b, string(*p)), nil
-	case *json.RawMessage:
-		return jsonenc.AppendRaw(b, *p)
-	case **bool:
-		switch {
-		case *p == nil:
-			return append(b, "null"...), nil
-		case **p:
-			return append(b, "true"...), nil
-		default:
-			return append(b, "false"...), nil
-		}
-	case **Approval:
-		if *p == nil {
-			return append(b, "null"...), nil
-		}
-		v, err := (*p).MarshalJSON()
-		return append(b, v...), err
-	case *[]Part:
-		b = append(b, '[')
-		for i, part := range *p {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			v, err := part.MarshalJSON()
-			if err != nil {
-				return b, err
-			}
-			b = append(b, v...)
-		}
-		return append(b, ']'), nil
-	}
-	panic(fmt.Sprintf("message: unsupported field type %T", f.ptr))
-}
-
-// marshalObject encodes fields in order, skipping zero values whose key is
-// not required, then the extra members in key order. The result is what
-// json.Marshal writes for it (compact, HTML-safe), so it can go on the
-// wire as it is. The fields' keys are plain ASCII names, written without
-// escaping.
-func marshalObject(fields []field, required func(key string) bool, extra map[string]json.RawMessage) ([]byte, error) {
-	b := make([]byte, 0, 128)
-	b = append(b, '{')
-	first := true
-	for _, f := range fields {
-		if f.isZero() && !required(f.key) {
-			continue
-		}
-		if !first {
-			b = append(b, ',')
-		}
-		first = false
-		b = append(b, '"')
-		b = append(b, f.key...)
-		b = append(b, '"', ':')
-		var err error
-		if b, err = f.appendValue(b); err != nil {
-			return nil, fmt.Errorf("encode %q: %w", f.key, err)
-		}
-	}
-	for _, k := range slices.Sorted(maps.Keys(extra)) {
-		v := extra[k]
-		if !json.Valid(v) {
-			return nil, fmt.Errorf("encode %q: invalid JSON", k)
-		}
-		if !first {
-			b = append(b, ',')
-		}
-		first = false
-		b = jsonenc.AppendString(b, k)
-		b = append(b, ':')
-		var err error
-		if b, err = jsonenc.AppendRaw(b, v); err != nil {
-			return nil, fmt.Errorf("encode %q: %w", k, err)
-		}
-	}
-	return append(b, '}'), nil
 }
 
 // unmarshalObject decodes a JSON object into fields, matching keys exactly

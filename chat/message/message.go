@@ -51,11 +51,13 @@ func (m *Message) fields() []field {
 
 // MarshalJSON encodes m as an AI SDK UIMessage, unknown members included.
 func (m Message) MarshalJSON() ([]byte, error) {
-	b, err := marshalObject(m.fields(), func(key string) bool {
-		return key == "id" || key == "role" || key == "parts"
-	}, m.extra)
+	n := 32 + len(m.ID) + len(m.Metadata)
+	for i := range m.Parts {
+		n += m.Parts[i].sizeHint()
+	}
+	b, err := m.AppendJSON(make([]byte, 0, n))
 	if err != nil {
-		return nil, fmt.Errorf("message %q: %w", m.ID, err)
+		return nil, err
 	}
 	return b, nil
 }
@@ -225,11 +227,17 @@ func (p *Part) required(key string) bool {
 // MarshalJSON encodes p as an AI SDK UI message part, unknown members
 // included.
 func (p Part) MarshalJSON() ([]byte, error) {
-	b, err := marshalObject(p.fields(), p.required, p.extra)
+	b, err := p.appendJSON(make([]byte, 0, p.sizeHint()))
 	if err != nil {
-		return nil, fmt.Errorf("part %q: %w", p.Type, err)
+		return nil, err
 	}
 	return b, nil
+}
+
+// sizeHint is about the length of p's encoding, to size a buffer.
+func (p *Part) sizeHint() int {
+	return 64 + len(p.Type) + len(p.ID) + len(p.Text) + len(p.ToolCallID) + len(p.State) + len(p.Input) + len(p.Output) +
+		len(p.RawInput) + len(p.ErrorText) + len(p.Title) + len(p.Data) + len(p.ProviderMetadata) + len(p.URL)
 }
 
 // UnmarshalJSON decodes an AI SDK UI message part, keeping unknown members.
@@ -311,9 +319,9 @@ func (a *Approval) fields() []field {
 
 // MarshalJSON encodes a, unknown members included.
 func (a Approval) MarshalJSON() ([]byte, error) {
-	b, err := marshalObject(a.fields(), func(key string) bool { return key == "id" }, a.extra)
+	b, err := a.appendJSON(make([]byte, 0, 64+len(a.ID)+len(a.Reason)+len(a.Descriptor)+len(a.Signature)))
 	if err != nil {
-		return nil, fmt.Errorf("approval: %w", err)
+		return nil, err
 	}
 	return b, nil
 }

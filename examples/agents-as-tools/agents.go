@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -96,6 +97,9 @@ type Assistant struct {
 	chat.Base
 	model model.Model
 	extra func() []chat.Tool
+
+	toolsOnce sync.Once
+	tools     []chat.Tool // the helpers, built once
 }
 
 // ChatModel returns the assistant's model.
@@ -112,8 +116,12 @@ func (a *Assistant) SystemPrompt() string {
 func (a *Assistant) MaxConcurrentAgentTools() int { return 4 }
 
 // Tools returns the assistant's helpers, and its extra tools (Options).
+// The helpers are built on the first turn and kept: building a tool infers
+// and resolves its input schema, which costs more than the turn's own work
+// in a busy server (the model is offered them at every turn).
 func (a *Assistant) Tools() []chat.Tool {
-	tools := a.helpers()
+	a.toolsOnce.Do(func() { a.tools = a.helpers() })
+	tools := slices.Clip(a.tools)
 	if a.extra != nil {
 		tools = append(tools, a.extra()...)
 	}
@@ -327,6 +335,9 @@ type Researcher struct {
 	chat.Base
 	model model.Model
 	pace  searchPace
+
+	toolsOnce sync.Once
+	tools     []chat.Tool
 }
 
 // searchPace spaces the simulated search's phases: step apart on clock.
@@ -380,13 +391,16 @@ type SearchResult struct {
 	Snippet string `json:"snippet"`
 }
 
-// Tools returns web_search and publish_findings.
+// Tools returns web_search and publish_findings, built on the first turn.
 func (r *Researcher) Tools() []chat.Tool {
-	return []chat.Tool{
-		chat.NewTool("web_search", "Search the web (simulated).", r.webSearch).WithSchema(minLength("query", 1)),
-		chat.NewTool("publish_findings", "Publish the findings to the team's wiki (asks the user first).", r.publishFindings).
-			WithApproval(chat.RequireApproval).WithTitle("Publish findings"),
-	}
+	r.toolsOnce.Do(func() {
+		r.tools = []chat.Tool{
+			chat.NewTool("web_search", "Search the web (simulated).", r.webSearch).WithSchema(minLength("query", 1)),
+			chat.NewTool("publish_findings", "Publish the findings to the team's wiki (asks the user first).", r.publishFindings).
+				WithApproval(chat.RequireApproval).WithTitle("Publish findings"),
+		}
+	})
+	return slices.Clip(r.tools)
 }
 
 // PublishInput is the input of publish_findings.
