@@ -588,27 +588,10 @@ func TestClientToolResult(t *testing.T) {
 // requests queue up to Config.MaxQueuedRequests; the next one is refused
 // with an error response at once, and the queued ones still run.
 func TestQueuedRequestsBounded(t *testing.T) {
-	started := make(chan struct{}, 8)
-	release := make(chan struct{})
-	k := &kit{handle: func(ctx context.Context, tt *chat.Turn) error {
-		started <- struct{}{}
-		if err := agent.Await(ctx, func() error {
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}); err != nil {
-			return err
-		}
-		return tt.WriteText("ok")
-	}}
-	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{MaxQueuedRequests: 2}, handlerClass("Queue", k))
-	c := dial(t, env, "/agents/queue/q")
-	c.handshake()
+	q := startHeld(t, chat.Config{MaxQueuedRequests: 2})
+	c := q.client(t, "q")
 	c.request("r0", userMsgID("u0", "first"))
-	<-started
+	<-q.started
 	c.request("r1", userMsgID("u1", "second"))
 	c.request("r2", userMsgID("u2", "third"))
 	c.request("r3", userMsgID("u3", "one too many"))
@@ -622,7 +605,7 @@ func TestQueuedRequestsBounded(t *testing.T) {
 			t.Fatalf("a queued request ended before the release: %s", f.raw)
 		}
 	}
-	close(release)
+	close(q.release)
 	for _, id := range []string{"r0", "r1", "r2"} {
 		fs := c.until(isDone(id))
 		if end := fs[len(fs)-1]; bool(end.Error) || end.Outcome != "completed" {

@@ -3,7 +3,6 @@ package mcpclient_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -61,17 +60,7 @@ type chatter interface {
 // once it sees the results, reports them as text.
 func toolModel() *scripted.Model {
 	return scripted.New(scripted.WithRules(
-		scripted.Rule{
-			Name:  "after-tools",
-			Match: scripted.LastIsToolResult,
-			Reply: func(req *model.Request) scripted.Reply {
-				var parts []string
-				for _, r := range scripted.ToolResults(req) {
-					parts = append(parts, fmt.Sprintf("[%s error=%v %s]", r.ToolName, r.IsError, r.Output))
-				}
-				return scripted.Reply{scripted.Text("after: " + strings.Join(parts, " "))}
-			},
-		},
+		scripted.ReportToolResults(),
 		scripted.Rule{
 			Name:  "call",
 			Match: func(req *model.Request) bool { return strings.HasPrefix(lastUser(req), "call ") },
