@@ -18,6 +18,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/testkit/testctx"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -38,12 +39,7 @@ var detEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 const detWait = 30 * time.Second
 
-func detCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), detWait)
-	t.Cleanup(cancel)
-	return ctx
-}
+func detCtx(t *testing.T) context.Context { return testctx.Within(t, detWait) }
 
 // detCall is one call of a parent hook.
 type detCall struct {

@@ -42,6 +42,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/testkit/testctx"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -62,12 +63,7 @@ const (
 	msgDeadline       = "Agent tool run recovery deadline exceeded."
 )
 
-func recCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), recWait)
-	t.Cleanup(cancel)
-	return ctx
-}
+func recCtx(t *testing.T) context.Context { return testctx.Within(t, recWait) }
 
 // ---------------------------------------------------------------------------
 // Classes.

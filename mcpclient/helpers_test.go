@@ -15,6 +15,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testkit/testctx"
 	"github.com/agentry/agentry/mcpclient"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -27,12 +28,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // let time pass.
 const waitLimit = 30 * time.Second
 
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return testctx.Within(t, waitLimit) }
 
 // bot is a chat agent whose tools are the MCP client's.
 type bot struct {
