@@ -10,6 +10,9 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/agentry/agentry/internal/testkit/pgtest"
@@ -21,6 +24,19 @@ import (
 // Postgres reports whether tests run on PostgreSQL
 // (AGENTRY_TEST_STORE=postgres).
 func Postgres() bool { return os.Getenv("AGENTRY_TEST_STORE") == "postgres" }
+
+// RunOnPostgres runs each of tests as a subtest of t with
+// AGENTRY_TEST_STORE=postgres, so that a package's chosen scenarios run on
+// PostgreSQL in every test run and not only when the whole package is run
+// there. A subtest is named after its function, without the package and
+// the "Test" prefix (TestToolSuccess runs as ToolSuccess).
+func RunOnPostgres(t *testing.T, tests ...func(*testing.T)) {
+	t.Setenv("AGENTRY_TEST_STORE", "postgres")
+	for _, test := range tests {
+		name := runtime.FuncForPC(reflect.ValueOf(test).Pointer()).Name()
+		t.Run(strings.TrimPrefix(name[strings.LastIndex(name, ".")+1:], "Test"), test)
+	}
+}
 
 // Open opens the database of data folder dir: dir/agentry.db on SQLite,
 // or on PostgreSQL (when Postgres() and pg is not nil) the database of
