@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"iter"
 	"reflect"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/model"
+	"github.com/agentry/agentry/model/internal/replaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -24,17 +24,6 @@ func user(text string) model.Message {
 
 func ask(text string) *model.Request {
 	return &model.Request{Messages: []model.Message{user(text)}}
-}
-
-func collect(seq iter.Seq2[model.Event, error]) ([]model.Event, error) {
-	var evs []model.Event
-	for ev, err := range seq {
-		if err != nil {
-			return evs, err
-		}
-		evs = append(evs, ev)
-	}
-	return evs, nil
 }
 
 // kinds lists the events' kinds and payloads compactly.
@@ -73,7 +62,7 @@ func TestChunking(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := New(append(tc.opts, WithDefault(Always(Reply{Text(tc.text)})))...)
-			evs, err := collect(m.Stream(t.Context(), ask("hi")))
+			evs, err := replaytest.Collect(m.Stream(t.Context(), ask("hi")))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +81,7 @@ func TestChunking(t *testing.T) {
 }
 
 func TestDefaultEchoes(t *testing.T) {
-	evs, err := collect(New(WithChunkSize(100)).Stream(t.Context(), ask("ping")))
+	evs, err := replaytest.Collect(New(WithChunkSize(100)).Stream(t.Context(), ask("ping")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +98,7 @@ func TestToolCalls(t *testing.T) {
 		ToolCall("clock", json.RawMessage(`{}`)).WithID("fixed"),
 	})))
 	req := &model.Request{Messages: []model.Message{user("a"), {Role: model.RoleAssistant, Content: []model.Content{model.Text("b")}}, user("c")}}
-	evs, err := collect(m.Stream(t.Context(), req))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), req))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +119,7 @@ func TestToolCalls(t *testing.T) {
 		t.Errorf("events:\n got %q\nwant %q", got, want)
 	}
 	// The same request gives the same ids.
-	again, _ := collect(m.Stream(t.Context(), req))
+	again, _ := replaytest.Collect(m.Stream(t.Context(), req))
 	if !reflect.DeepEqual(kinds(again), want) {
 		t.Errorf("second run differs: %q", kinds(again))
 	}
@@ -138,7 +127,7 @@ func TestToolCalls(t *testing.T) {
 
 func TestToolCallBadInput(t *testing.T) {
 	m := New(WithDefault(Always(Reply{Text("x"), ToolCall("t", func() {})})))
-	evs, err := collect(m.Stream(t.Context(), ask("hi")))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), ask("hi")))
 	if len(evs) != 1 || err == nil || !strings.Contains(err.Error(), `tool call "t"`) {
 		t.Errorf("events %v, err %v", kinds(evs), err)
 	}
@@ -146,7 +135,7 @@ func TestToolCallBadInput(t *testing.T) {
 
 func TestFinishStopAfterTextFollowingToolCall(t *testing.T) {
 	m := New(WithDefault(Always(Reply{ToolCall("t", nil), Text("done")})))
-	evs, err := collect(m.Stream(t.Context(), ask("hi")))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), ask("hi")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +147,7 @@ func TestFinishStopAfterTextFollowingToolCall(t *testing.T) {
 func TestFailMidStream(t *testing.T) {
 	boom := errors.New("provider exploded")
 	m := New(WithChunkSize(4), WithDefault(Always(Reply{Text("abcdefgh"), Fail(boom), Text("never")})))
-	evs, err := collect(m.Stream(t.Context(), ask("hi")))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), ask("hi")))
 	if got := kinds(evs); !reflect.DeepEqual(got, []string{"text-delta:abcd", "text-delta:efgh"}) {
 		t.Errorf("events = %q", got)
 	}
@@ -183,7 +172,7 @@ func TestRuleOrder(t *testing.T) {
 		{"Paris?", "weather-in-paris", "never"},
 		{"hello", "catch-all", "HELLO"},
 	} {
-		evs, err := collect(m.Stream(t.Context(), ask(tc.ask)))
+		evs, err := replaytest.Collect(m.Stream(t.Context(), ask(tc.ask)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -248,7 +237,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 	done := make(chan []model.Event, 1)
 	errc := make(chan error, 1)
 	go func() {
-		evs, err := collect(m.Stream(ctx, ask("hi")))
+		evs, err := replaytest.Collect(m.Stream(ctx, ask("hi")))
 		done <- evs
 		errc <- err
 	}()
@@ -265,7 +254,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 func TestCanceledBeforeStart(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	evs, err := collect(New().Stream(ctx, ask("hi")))
+	evs, err := replaytest.Collect(New().Stream(ctx, ask("hi")))
 	if len(evs) != 0 || !errors.Is(err, context.Canceled) {
 		t.Errorf("events %q, err %v", kinds(evs), err)
 	}
@@ -287,7 +276,7 @@ func TestBreakStops(t *testing.T) {
 
 func TestUsage(t *testing.T) {
 	m := New(WithDefault(Always(Reply{Text("12345678")})))
-	evs, err := collect(m.Stream(t.Context(), ask("abcd")))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), ask("abcd")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +325,7 @@ func TestHelpers(t *testing.T) {
 func TestCallsAreCopies(t *testing.T) {
 	m := New()
 	req := ask("original")
-	if _, err := collect(m.Stream(t.Context(), req)); err != nil {
+	if _, err := replaytest.Collect(m.Stream(t.Context(), req)); err != nil {
 		t.Fatal(err)
 	}
 	req.Messages[0].Content[0].Text = "changed"
@@ -374,7 +363,7 @@ func TestContinuesCutAnswer(t *testing.T) {
 		}(), []string{"text-delta:rld.", "finish:stop"}},
 		{"not a prefix", cut(model.Text("Goodbye")), []string{"reasoning-delta:think", "text-delta:Hello, ", "text-delta:world.", "finish:stop"}},
 	} {
-		evs, err := collect(m.Stream(context.Background(), tc.req))
+		evs, err := replaytest.Collect(m.Stream(context.Background(), tc.req))
 		if err != nil {
 			t.Fatal(err)
 		}

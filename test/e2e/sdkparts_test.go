@@ -122,11 +122,7 @@ func TestSDKParts(t *testing.T) {
 		Classes: []agent.Class{class("CountChat", count), class("FileChat", gpt), class("ClaudeChat", claude), class("PartsChat", parts, report)},
 		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
 	})
-	out := testenv.Node(t, 60*time.Second, "sdk-parts.mjs", env.Host)
-	t.Log(out)
-	if !strings.Contains(out, "PASS sdk-parts") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 60*time.Second, "PASS sdk-parts", "sdk-parts.mjs", env.Host)
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
