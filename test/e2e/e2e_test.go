@@ -47,10 +47,7 @@ func TestAgentClient(t *testing.T) {
 // cancel with the partial answer kept, get-messages, clear, and a malformed
 // request.
 func TestChat(t *testing.T) {
-	env := testenv.Start(t, testenv.Options{
-		Classes: []agent.Class{echochat.Class(echochat.Options{Delay: 20 * time.Millisecond})},
-		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
-	})
+	env := startEcho(t, 20*time.Millisecond)
 	runScript(t, 90*time.Second, "PASS chat", "chat.mjs", env.Host, "e2e")
 }
 
@@ -74,10 +71,7 @@ func TestCounterOneInputAtATime(t *testing.T) {
 // of streaming forever, nothing of the cleared turn is kept, and the next
 // message gets a full answer.
 func TestChatClearDuringTurn(t *testing.T) {
-	env := testenv.Start(t, testenv.Options{
-		Classes: []agent.Class{echochat.Class(echochat.Options{Delay: 50 * time.Millisecond})},
-		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
-	})
+	env := startEcho(t, 50*time.Millisecond)
 	runScript(t, 60*time.Second, "PASS chat-clear", "chat-clear.mjs", env.Host, "clear-e2e")
 }
 
@@ -101,4 +95,13 @@ func withAgentTools(rt *agent.Runtime) error {
 		return err
 	}
 	return agenttool.Install(rt, agenttool.Options{})
+}
+
+// startEcho serves EchoChat streaming a chunk every delay.
+func startEcho(t *testing.T, delay time.Duration) *testenv.Env {
+	t.Helper()
+	return testenv.Start(t, testenv.Options{
+		Classes: []agent.Class{echochat.Class(echochat.Options{Delay: delay})},
+		Setup:   func(rt *agent.Runtime) error { return chat.Configure(rt, chat.Config{}) },
+	})
 }
