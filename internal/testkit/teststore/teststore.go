@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/internal/testkit/pgtest"
 	"github.com/agentry/agentry/store"
 	"github.com/agentry/agentry/store/postgres"
@@ -57,4 +58,23 @@ func Open(t testing.TB, pg *pgtest.Cluster, dir string) store.DB {
 		t.Fatal(err)
 	}
 	return db
+}
+
+// NewRuntime returns a runtime with opts on a SQLite file of its own (in a
+// folder of the test's), not started; the runtime and its database are
+// closed at cleanup. opts.DB is replaced.
+func NewRuntime(t testing.TB, opts agent.Options) *agent.Runtime {
+	t.Helper()
+	db := Open(t, nil, t.TempDir())
+	opts.DB = db
+	rt, err := agent.New(context.Background(), opts)
+	if err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rt.Close()
+		db.Close()
+	})
+	return rt
 }
