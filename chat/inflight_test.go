@@ -124,7 +124,6 @@ func startHeld(t *testing.T, cfg chat.Config) *heldQueue {
 // client dials the Queue instance named name and completes the handshake.
 func (q *heldQueue) client(t *testing.T, name string) *wsClient {
 	t.Helper()
-	c := dial(t, q.env, "/agents/queue/"+name)
-	c.handshake()
+	c := dialReady(t, q.env, "/agents/queue/"+name)
 	return c
 }
