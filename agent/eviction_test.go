@@ -16,11 +16,8 @@ import (
 // (by the background loop, not before), and the next use rehydrates it: a
 // new OnStart, with state, KV and private SQL tables intact.
 func TestEvictionRehydratesWithStorageIntact(t *testing.T) {
-	h := newHooks()
 	const idle = time.Minute
-	e := newRuntime(t, rtOptions{idle: idle, classes: []agent.Class{probeClass(h)}})
-	ev := record(t, e.rt.Diag(), diag.ChannelAgent)
-	e.start()
+	h, e, ev := startProbes(t, idle)
 	ctx := context.Background()
 	path := agent.Root("Probe", "idle")
 
@@ -96,11 +93,8 @@ func TestEvictionRehydratesWithStorageIntact(t *testing.T) {
 // however long it was idle; it is evicted once the connection closed and
 // the call returned and the timeout passed again.
 func TestEvictionSparesConnectionsAndInFlightCalls(t *testing.T) {
-	h := newHooks()
 	const idle = time.Minute
-	e := newRuntime(t, rtOptions{idle: idle, classes: []agent.Class{probeClass(h)}})
-	ev := record(t, e.rt.Diag(), diag.ChannelAgent)
-	e.start()
+	h, e, ev := startProbes(t, idle)
 	ctx := context.Background()
 	connected := agent.Root("Probe", "connected")
 	calling := agent.Root("Probe", "calling")
@@ -195,4 +189,15 @@ func TestEvictNowAndRehydrate(t *testing.T) {
 	if h.starts.Load() != 2 {
 		t.Fatalf("OnStart ran %d times, want 2", h.starts.Load())
 	}
+}
+
+// startProbes starts a runtime of Probe instances evicted after idle, with
+// a recorder of its agent events (subscribed before the start).
+func startProbes(t *testing.T, idle time.Duration) (*probeHooks, *rtEnv, *recorder) {
+	t.Helper()
+	h := newHooks()
+	e := newRuntime(t, rtOptions{idle: idle, classes: []agent.Class{probeClass(h)}})
+	ev := record(t, e.rt.Diag(), diag.ChannelAgent)
+	e.start()
+	return h, e, ev
 }

@@ -50,16 +50,9 @@ type placedAgent struct{ agent.Base }
 // write its runs' ends beside its new hydration would record a run's end,
 // and tell its finish hook, twice.)
 func TestDroppedHydrationCannotWrite(t *testing.T) {
-	l := &leases{epoch: 1}
-	e := startRuntime(t, rtOptions{place: l, classes: []agent.Class{
-		{Name: "Placed", New: func() agent.Agent { return &placedAgent{} }},
-	}})
+	l, e, old := hydratePlaced(t)
 	ctx := context.Background()
 	path := agent.Root("Placed", "p")
-	old, err := e.rt.Get(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := agent.BaseOf(old).Storage().Put(ctx, "k", "first"); err != nil {
 		t.Fatalf("write of the hydration at epoch 1: %v", err)
 	}
@@ -111,16 +104,9 @@ func TestDroppedHydrationCannotWrite(t *testing.T) {
 // a lease left a fan-out's parent serving requests from the old
 // hydration, every write refused, its runs never recorded.)
 func TestReacquiredLeaseRehydrates(t *testing.T) {
-	l := &leases{epoch: 1}
-	e := startRuntime(t, rtOptions{place: l, classes: []agent.Class{
-		{Name: "Placed", New: func() agent.Agent { return &placedAgent{} }},
-	}})
+	l, e, old := hydratePlaced(t)
 	ctx := context.Background()
 	path := agent.Root("Placed", "p")
-	old, err := e.rt.Get(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
 	l.mu.Lock()
 	l.epoch = 2
 	l.mu.Unlock()
@@ -137,4 +123,19 @@ func TestReacquiredLeaseRehydrates(t *testing.T) {
 	if err := agent.BaseOf(old).Storage().Put(ctx, "k", "stale"); !errors.Is(err, errStale) {
 		t.Fatalf("write of the old hydration: %v, want it refused", err)
 	}
+}
+
+// hydratePlaced starts a runtime placed by leases at epoch 1 and hydrates
+// the instance Placed "p" under that epoch.
+func hydratePlaced(t *testing.T) (*leases, *rtEnv, agent.Agent) {
+	t.Helper()
+	l := &leases{epoch: 1}
+	e := startRuntime(t, rtOptions{place: l, classes: []agent.Class{
+		{Name: "Placed", New: func() agent.Agent { return &placedAgent{} }},
+	}})
+	old, err := e.rt.Get(context.Background(), agent.Root("Placed", "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, e, old
 }

@@ -3,36 +3,21 @@ package agenttool_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/model"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
 // newUnstarted returns a runtime on a fresh database, not started; it is
 // closed at cleanup.
 func newUnstarted(t *testing.T) *agent.Runtime {
 	t.Helper()
-	ctx := context.Background()
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := agent.New(ctx, agent.Options{DB: db, IdleTimeout: -1})
-	if err != nil {
-		db.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		rt.Close()
-		db.Close()
-	})
-	return rt
+	return teststore.NewRuntime(t, agent.Options{IdleTimeout: -1})
 }
 
 // TestSetupAfterStartFails: chat.Configure and agenttool.Install after
@@ -188,7 +173,7 @@ func TestOnFinishMethodValue(t *testing.T) {
 		t.Fatalf("Method(p.OnDone) = %q", agent.Method(p.OnDone))
 	}
 	detDispatch(t, ctx, p, "DetWorker", "mv-1", agenttool.DetachedOptions{OnFinish: agenttool.OnFinish(p.OnDone)})
-	if r := detRun(t, p, "mv-1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "mv-1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("run %+v", r)
 	}
 	closure := func(context.Context, agenttool.Run, agenttool.Result) error { return nil }

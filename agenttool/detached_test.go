@@ -18,6 +18,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/testkit/testctx"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -38,12 +39,7 @@ var detEpoch = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 const detWait = 30 * time.Second
 
-func detCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), detWait)
-	t.Cleanup(cancel)
-	return ctx
-}
+func detCtx(t *testing.T) context.Context { return testctx.Within(t, detWait) }
 
 // detCall is one call of a parent hook.
 type detCall struct {
@@ -316,15 +312,6 @@ func detDispatch(t *testing.T, ctx context.Context, parent agent.Agent, class, r
 	}
 }
 
-func detRun(t *testing.T, parent agent.Agent, runID string) agenttool.Run {
-	t.Helper()
-	r, ok, err := agenttool.GetAgentToolRun(detCtx(t), parent, runID)
-	if err != nil || !ok {
-		t.Fatalf("run %s: ok=%v err=%v", runID, ok, err)
-	}
-	return r
-}
-
 func detInspect(t *testing.T, parent agent.Agent, runID string) *agenttool.Inspection {
 	t.Helper()
 	in, err := agenttool.InspectAgentToolRun(detCtx(t), parent, runID)
@@ -592,7 +579,7 @@ func TestDetachedDispatch(t *testing.T) {
 	if err := k.do(t, ctx, func(ctx context.Context) error { return ctx.Err() }); err != nil {
 		t.Fatalf("the child's turn saw the dispatch context's cancellation: %v", err)
 	}
-	if r := detRun(t, p, "d1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "d1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row = %s, want running", r.Status)
 	}
 	detOneReconcile(t, k, p, 5*time.Second, 0)
@@ -715,7 +702,7 @@ func TestDetachedConcurrentDelivery(t *testing.T) {
 	}
 	// The row is completed, its delivery not marked: the tick sees it
 	// outstanding and tries to deliver it too.
-	if r := detRun(t, p, "c1"); r.Status != agenttool.StatusCompleted {
+	if r := getRun(t, p, "c1"); r.Status != agenttool.StatusCompleted {
 		t.Fatalf("row = %s", r.Status)
 	}
 	detTickNext(t, ctx, k, d, p)
@@ -789,7 +776,7 @@ func TestReconcileCadenceWhileRunning(t *testing.T) {
 		s := detOneReconcile(t, k, p, delay, min(i, 3))
 		detTick(t, ctx, k, d, s)
 	}
-	if r := detRun(t, p, "w1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "w1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row = %s, want running", r.Status)
 	}
 	k.finishWorker(t, ctx)
@@ -920,7 +907,7 @@ func TestReconcileAfterRestart(t *testing.T) {
 		t.Fatalf("reconcile still scheduled: %+v", rs)
 	}
 	detEq(t, "hooks", k.log("s1"), []string{"global:completed", "done:completed"})
-	if r := detRun(t, p, "s1"); r.Status != agenttool.StatusCompleted {
+	if r := getRun(t, p, "s1"); r.Status != agenttool.StatusCompleted {
 		t.Fatalf("row = %s", r.Status)
 	}
 }
@@ -958,7 +945,7 @@ func TestDetachedMaxBudget(t *testing.T) {
 
 	detTickNext(t, ctx, k, d, p) // 5 s
 	detTickNext(t, ctx, k, d, p) // 20 s
-	if r := detRun(t, p, "b1"); r.Status != agenttool.StatusRunning || len(k.log("b1")) != 0 {
+	if r := getRun(t, p, "b1"); r.Status != agenttool.StatusRunning || len(k.log("b1")) != 0 {
 		t.Fatalf("within the budget: row %s, hooks %v", r.Status, k.log("b1"))
 	}
 	detTickNext(t, ctx, k, d, p) // 50 s: over
@@ -986,7 +973,7 @@ func TestDetachedMaxBudget(t *testing.T) {
 		t.Fatalf("reconcile still scheduled: %+v", rs)
 	}
 	detEq(t, "hooks", k.log("b1"), []string{"global:interrupted/budget-exceeded", "done:interrupted/budget-exceeded"})
-	r := detRun(t, p, "b1")
+	r := getRun(t, p, "b1")
 	if r.Status != agenttool.StatusInterrupted || r.Reason != agenttool.ReasonBudgetExceeded {
 		t.Fatalf("row = %+v", r)
 	}
@@ -1031,7 +1018,7 @@ func TestDetachedCompletesBeforeTeardown(t *testing.T) {
 		t.Fatalf("second delivery = %+v", second.Result)
 	}
 	detEq(t, "OnDone calls", k.log("t1"), []string{"global:interrupted/budget-exceeded", "done:interrupted/budget-exceeded", "global:completed", "done:completed"})
-	if r := detRun(t, p, "t1"); r.Status != agenttool.StatusCompleted || r.Reason != "" || r.ChildStillRunning != nil {
+	if r := getRun(t, p, "t1"); r.Status != agenttool.StatusCompleted || r.Reason != "" || r.ChildStillRunning != nil {
 		t.Fatalf("row = %+v, want completed without interrupted fields", r)
 	}
 }
@@ -1050,7 +1037,7 @@ func TestDetachedNoProgressBudget(t *testing.T) {
 	for range 4 {
 		detTickNext(t, ctx, k, d, p)
 	}
-	if r := detRun(t, p, "n1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "n1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("a silent child was given up before its first signal: %s", r.Status)
 	}
 	k.finishWorker(t, ctx)
@@ -1075,7 +1062,7 @@ func TestDetachedNoProgressBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	detTickNext(t, ctx, k, d, p) // 50 s
-	if r := detRun(t, p, "n2"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "n2"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("a signal did not reset the no-progress budget: %s", r.Status)
 	}
 	detTickNext(t, ctx, k, d, p) // 170 s
@@ -1172,7 +1159,7 @@ func TestCancelDetachedIdempotent(t *testing.T) {
 	if tf := detTerminals(ws.frames(), "k1"); len(tf) != 1 || tf[0].Event.Kind != "aborted" || tf[0].Event.Reason != "user changed their mind" {
 		t.Fatalf("terminal frames = %+v", tf)
 	}
-	if r := detRun(t, p, "k1"); r.Status != agenttool.StatusAborted || r.Error != "user changed their mind" {
+	if r := getRun(t, p, "k1"); r.Status != agenttool.StatusAborted || r.Error != "user changed their mind" {
 		t.Fatalf("row = %+v", r)
 	}
 	if in := detInspect(t, p, "k1"); in.Status != agenttool.StatusAborted {

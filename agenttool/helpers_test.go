@@ -18,6 +18,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/internal/testkit/pgtest"
+	"github.com/agentry/agentry/internal/testkit/testctx"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -33,12 +34,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(pg.Wrap(m)) }
 // to let time pass.
 const waitLimit = 20 * time.Second
 
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return testctx.Within(t, waitLimit) }
 
 // ---------------------------------------------------------------------------
 // Test agents. One kit per test configures every class of its runtime.

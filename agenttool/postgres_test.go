@@ -1,6 +1,10 @@
 package agenttool_test
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/agentry/agentry/internal/testkit/teststore"
+)
 
 // TestOnPostgres runs agent-tool scenarios on PostgreSQL (a scratch
 // cluster, internal/testkit/pgtest) in every test run: awaited and detached runs
@@ -10,25 +14,22 @@ import "testing"
 // extractor's own table. The whole package runs there with
 // AGENTRY_TEST_STORE=postgres.
 func TestOnPostgres(t *testing.T) {
-	t.Setenv("AGENTRY_TEST_STORE", "postgres")
-	for name, test := range map[string]func(*testing.T){
-		"RunAgentToolCompleted":             TestRunAgentToolCompleted,
-		"AgentToolWithOutput":               TestAgentToolWithOutput,
-		"ConcurrencyCap":                    TestConcurrencyCap,
-		"ConcurrentDispatchOfOneRunID":      TestConcurrentDispatchOfOneRunID,
-		"FanOutUnderOneToolCall":            TestFanOutUnderOneToolCall,
-		"DetachedDispatch":                  TestDetachedDispatch,
-		"DetachedConcurrentDelivery":        TestDetachedConcurrentDelivery,
-		"ProgressDataAndMilestones":         TestProgressDataAndMilestones,
-		"RecoverCollectsCompletedChild":     TestRecoverCollectsCompletedChild,
-		"RecoverReattachesRunningChild":     TestRecoverReattachesRunningChild,
-		"ClearCancelsInFlight":              TestClearCancelsInFlight,
-		"FinishDeliveredOnceAcrossRestarts": TestFinishDeliveredOnceAcrossRestarts,
-		"FinishDeliveryRefused":             TestFinishDeliveryRefusedWhenDeliveredMeanwhile,
-		"UndeliveredEndWakesItsParent":      TestUndeliveredEndWakesItsParent,
-		"DetachedNotifyFormat":              TestDetachedNotifyFormat,
-		"ReconcileAfterRestart":             TestReconcileAfterRestart,
-	} {
-		t.Run(name, test)
-	}
+	teststore.RunOnPostgres(t,
+		TestRunAgentToolCompleted,
+		TestAgentToolWithOutput,
+		TestConcurrencyCap,
+		TestConcurrentDispatchOfOneRunID,
+		TestFanOutUnderOneToolCall,
+		TestDetachedDispatch,
+		TestDetachedConcurrentDelivery,
+		TestProgressDataAndMilestones,
+		TestRecoverCollectsCompletedChild,
+		TestRecoverReattachesRunningChild,
+		TestClearCancelsInFlight,
+		TestFinishDeliveredOnceAcrossRestarts,
+		TestFinishDeliveryRefusedWhenDeliveredMeanwhile,
+		TestUndeliveredEndWakesItsParent,
+		TestDetachedNotifyFormat,
+		TestReconcileAfterRestart,
+	)
 }

@@ -3,6 +3,7 @@ package agenttool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -498,6 +499,22 @@ func (h *host) awaitStart(runID string) chan struct{} {
 	h.unstarted[runID] = started
 	h.mu.Unlock()
 	return started
+}
+
+// redispatched records that a re-dispatch started the child of run runID
+// (its row goes from starting to running) and closes the channel of
+// awaitStart, if a recovery waits on it.
+func (h *host) redispatched(ctx context.Context, runID string) error {
+	if err := h.markRunning(ctx, runID); err != nil {
+		return fmt.Errorf("agenttool: mark running: %w", err)
+	}
+	h.mu.Lock()
+	if ch, ok := h.unstarted[runID]; ok {
+		close(ch) // a recovery waiting for this re-dispatch stops waiting
+		delete(h.unstarted, runID)
+	}
+	h.mu.Unlock()
+	return nil
 }
 
 // inspection is the answer of startInspection.

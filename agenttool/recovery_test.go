@@ -42,6 +42,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/internal/testkit/testctx"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -50,7 +51,7 @@ import (
 
 const (
 	recWait = 20 * time.Second // bound of every wait; never a way to let time pass
-	recTick = time.Millisecond // the models' delay between two events
+	recTick = tick             // the models' delay between two events
 	recText = "Durable children resume where they stopped, and parents follow them."
 )
 
@@ -62,12 +63,7 @@ const (
 	msgDeadline       = "Agent tool run recovery deadline exceeded."
 )
 
-func recCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), recWait)
-	t.Cleanup(cancel)
-	return ctx
-}
+func recCtx(t *testing.T) context.Context { return testctx.Within(t, recWait) }
 
 // ---------------------------------------------------------------------------
 // Classes.
@@ -369,19 +365,6 @@ func recStep(t *testing.T, clock *clockwork.FakeClock, n int) {
 	recHold(t, clock)
 }
 
-// recPump moves clock whenever a stream waits on it, until stopped.
-func recPump(clock *clockwork.FakeClock) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for clock.BlockUntilContext(ctx, 1) == nil {
-			clock.Advance(recTick)
-		}
-	}()
-	return func() { cancel(); <-done }
-}
-
 // recBudget waits until n timers wait on the runtime's clock, then moves it
 // by d.
 func (e *recEnv) recBudget(t *testing.T, n int, d time.Duration) {
@@ -436,15 +419,6 @@ func recCrash(t *testing.T, e *recEnv, pending ...<-chan recOutcome) {
 			t.Fatalf("dispatch during the close returned %+v, %v; want agent.ErrClosed", o.res, o.err)
 		}
 	}
-}
-
-func recRun(t *testing.T, parent agent.Agent, runID string) agenttool.Run {
-	t.Helper()
-	r, ok, err := agenttool.GetAgentToolRun(recCtx(t), parent, runID)
-	if err != nil || !ok {
-		t.Fatalf("run %s: ok=%v err=%v", runID, ok, err)
-	}
-	return r
 }
 
 // recSeed inserts a registry row as a crash leaves it (status running).
@@ -515,26 +489,6 @@ func recCheckInterrupted(t *testing.T, r agenttool.Run, reason agenttool.Reason,
 	}
 }
 
-func recPtr[T any](v T) *T { return &v }
-
-func recIsTerminal(kind string) bool {
-	switch kind {
-	case "finished", "error", "aborted", "interrupted":
-		return true
-	}
-	return false
-}
-
-func recDumpFrames(fs []agenttool.Frame) string {
-	var b strings.Builder
-	for _, f := range fs {
-		data, _ := json.Marshal(f)
-		b.Write(data)
-		b.WriteByte('\n')
-	}
-	return b.String()
-}
-
 // recChildRowSettled waits until the child's run row at path is terminal.
 // The child records it right after its turn, with no event to wait for, so
 // this yields between reads (bounded by the test's deadline).
@@ -579,7 +533,7 @@ func (w *recWS) close() { w.ws.CloseNormally() }
 // terminal waits for a terminal frame of run and returns the run's frames.
 func (w *recWS) terminal(runID string) []agenttool.Frame {
 	w.t.Helper()
-	return w.until(runID, recIsTerminal)
+	return w.until(runID, isTerminal)
 }
 
 // until waits until the last frame of run has a kind that done accepts and
@@ -594,7 +548,7 @@ func (w *recWS) until(runID string, done func(kind string) bool) []agenttool.Fra
 		return n > 0 && done(fs[n-1].Event.Kind)
 	})
 	if err != nil {
-		w.t.Fatalf("timed out waiting for the terminal frame of %s:\n%s", runID, recDumpFrames(fs))
+		w.t.Fatalf("timed out waiting for the terminal frame of %s:\n%s", runID, dumpFrames(fs))
 	}
 	return fs
 }
@@ -638,27 +592,27 @@ func recTimeline(t *testing.T, fs []agenttool.Frame) string {
 func recTimelineOpts(t *testing.T, fs []agenttool.Frame, repaired bool) string {
 	t.Helper()
 	if len(fs) == 0 || fs[0].Event.Kind != "started" {
-		t.Fatalf("the timeline does not begin with started:\n%s", recDumpFrames(fs))
+		t.Fatalf("the timeline does not begin with started:\n%s", dumpFrames(fs))
 	}
 	b := message.NewBuilder("")
 	last := int64(-1)
 	for i, f := range fs {
 		if f.Sequence <= last {
-			t.Fatalf("frame %d has sequence %d after %d (reused or decreasing):\n%s", i, f.Sequence, last, recDumpFrames(fs))
+			t.Fatalf("frame %d has sequence %d after %d (reused or decreasing):\n%s", i, f.Sequence, last, dumpFrames(fs))
 		}
 		last = f.Sequence
 		switch {
 		case i > 0 && f.Event.Kind == "started":
-			t.Fatalf("started twice:\n%s", recDumpFrames(fs))
-		case recIsTerminal(f.Event.Kind) && i != len(fs)-1 && !(repaired && f.Event.Kind == "interrupted"):
-			t.Fatalf("terminal frame %d is not last:\n%s", i, recDumpFrames(fs))
+			t.Fatalf("started twice:\n%s", dumpFrames(fs))
+		case isTerminal(f.Event.Kind) && i != len(fs)-1 && !(repaired && f.Event.Kind == "interrupted"):
+			t.Fatalf("terminal frame %d is not last:\n%s", i, dumpFrames(fs))
 		case f.Event.Kind == "chunk":
 			var ch message.Chunk
 			if err := json.Unmarshal([]byte(f.Event.Body), &ch); err != nil {
 				t.Fatalf("chunk %d: %v", f.Sequence, err)
 			}
 			if err := b.Apply(ch); err != nil {
-				t.Fatalf("chunk %d does not apply: %v\n%s", f.Sequence, err, recDumpFrames(fs))
+				t.Fatalf("chunk %d does not apply: %v\n%s", f.Sequence, err, dumpFrames(fs))
 			}
 		}
 	}
@@ -707,7 +661,7 @@ func testRecoverCollects(t *testing.T, forgetTurnID bool) {
 		})
 	}()
 	rt2 := <-rtc
-	stop := recPump(k.mclock)
+	stop := pump(k.mclock)
 	childPath := agent.Root("RecParent", "p").Child("RecChild", "r1")
 	ev.waitTurn(t, childPath)
 	stop()
@@ -728,7 +682,7 @@ func testRecoverCollects(t *testing.T, forgetTurnID bool) {
 	fs := w.terminal("r1")
 	e2.ev.wait(t, "recovery:complete", "")
 	p2 := e2.parent(t, "RecParent", "p")
-	r := recRun(t, p2, "r1")
+	r := getRun(t, p2, "r1")
 	if r.Status != agenttool.StatusCompleted || r.Summary != recText || r.Error != "" || r.Reason != "" {
 		t.Fatalf("row %+v, want completed with the child's text", r)
 	}
@@ -780,7 +734,7 @@ func TestRecoverReattachesRunningChild(t *testing.T) {
 		recHold(t, k.mclock)
 		w := recDial(t, e2, "RecParent", "p") // hydrates the parent
 		e2.ev.wait(t, "recovery:reattach", "r1")
-		stop := recPump(k.mclock)
+		stop := pump(k.mclock)
 		defer stop()
 		fs := w.terminal("r1")
 		p2 := e2.parent(t, "RecParent", "p")
@@ -800,7 +754,7 @@ func TestRecoverReattachesRunningChild(t *testing.T) {
 		if e.RT.Evict(path) || e.RT.EvictIdle() != 0 || !e.RT.Resident(path) {
 			t.Fatal("the parent awaiting a run was evicted")
 		}
-		stop := recPump(k.mclock)
+		stop := pump(k.mclock)
 		defer stop()
 		if o := recResult(t, run); o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != recText {
 			t.Fatalf("dispatch: %+v %v", o.res, o.err)
@@ -817,7 +771,7 @@ func recCheckReattached(t *testing.T, e *recEnv, k *recKit, p agent.Agent, fs []
 	if row.Attrs["status"] != "completed" {
 		t.Fatalf("recovery:row %v", row.Attrs)
 	}
-	r := recRun(t, p, "r1")
+	r := getRun(t, p, "r1")
 	if r.Status != agenttool.StatusCompleted || r.Summary != recText {
 		t.Fatalf("row %+v, want completed", r)
 	}
@@ -864,7 +818,7 @@ func TestRecoverNoProgressThenRepair(t *testing.T) {
 		t.Fatalf("gave-up %v", g.Attrs)
 	}
 	p2 := e2.parent(t, "RecParent", "p")
-	recCheckInterrupted(t, recRun(t, p2, "s1"), agenttool.ReasonNoProgress, msgNoProgress, recPtr(true))
+	recCheckInterrupted(t, getRun(t, p2, "s1"), agenttool.ReasonNoProgress, msgNoProgress, ptr(true))
 	fin := k.finishesOf("s1")
 	if len(fin) != 1 || fin[0].Result.Reason != agenttool.ReasonNoProgress || fin[0].Result.ChildStillRunning == nil ||
 		!*fin[0].Result.ChildStillRunning || fin[0].Result.Error != msgNoProgress {
@@ -884,13 +838,13 @@ func TestRecoverNoProgressThenRepair(t *testing.T) {
 	// Repair: the same run id again re-attaches; the child makes progress.
 	again := recDispatch(p2, "RecStuck", "s1", "ignored new input")
 	e2.ev.waitN(t, "recovery:reattach", "s1", 2)
-	stop := recPump(k.sclock)
+	stop := pump(k.sclock)
 	defer stop()
 	o := recResult(t, again)
 	if o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != "stuck for a while, then done" {
 		t.Fatalf("re-dispatch: %+v %v", o.res, o.err)
 	}
-	r := recRun(t, p2, "s1")
+	r := getRun(t, p2, "s1")
 	if r.Status != agenttool.StatusCompleted || r.Reason != "" || r.ChildStillRunning != nil || r.Error != "" {
 		t.Fatalf("repaired row %+v", r)
 	}
@@ -958,7 +912,7 @@ func TestRecoverNoProgressResetByChunks(t *testing.T) {
 	w.moreChunks("r1", n-1)
 	recStep(t, k.mclock, 1) // another one, past the first budget's end
 	w.moreChunks("r1", n)
-	if r := recRun(t, p, "r1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "r1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("given up while the child streams: %+v", r)
 	}
 	// Now silence for one whole budget.
@@ -967,10 +921,10 @@ func TestRecoverNoProgressResetByChunks(t *testing.T) {
 	if ev.Attrs["reason"] != "no-progress" {
 		t.Fatalf("recovery:row %v", ev.Attrs)
 	}
-	recCheckInterrupted(t, recRun(t, p, "r1"), agenttool.ReasonNoProgress, msgNoProgress, recPtr(true))
+	recCheckInterrupted(t, getRun(t, p, "r1"), agenttool.ReasonNoProgress, msgNoProgress, ptr(true))
 	// A dispatch of the same run id follows the child, which never
 	// stopped, to its end and repairs the run.
-	stop := recPump(k.mclock)
+	stop := pump(k.mclock)
 	defer stop()
 	if o := recResult(t, recDispatch(p, "RecChild", "r1", "slow")); o.err != nil || o.res.Status != agenttool.StatusCompleted {
 		t.Fatalf("repairing dispatch %+v %v", o.res, o.err)
@@ -1003,7 +957,7 @@ func TestRecoverWindowExceeded(t *testing.T) {
 	if row.Attrs["reason"] != "window-exceeded" || row.Attrs["error"] != msgWindow {
 		t.Fatalf("recovery:row %v", row.Attrs)
 	}
-	recCheckInterrupted(t, recRun(t, p2, "s1"), agenttool.ReasonWindowExceeded, msgWindow, recPtr(false))
+	recCheckInterrupted(t, getRun(t, p2, "s1"), agenttool.ReasonWindowExceeded, msgWindow, ptr(false))
 	insp, err := agenttool.InspectAgentToolRun(recCtx(t), p2, "s1")
 	if err != nil || insp == nil || insp.Status != agenttool.StatusAborted ||
 		insp.Error != "agent tool run given up by parent recovery: window-exceeded" {
@@ -1034,12 +988,12 @@ func TestRecoverParallelReattach(t *testing.T) {
 	p2 := e2.parent(t, "RecParent", "p")
 	e2.ev.wait(t, "recovery:reattach", "a-stuck")
 	e2.ev.wait(t, "recovery:reattach", "b-fast")
-	stop := recPump(k.mclock)
+	stop := pump(k.mclock)
 	defer stop()
 	if ev := e2.ev.wait(t, "recovery:row", "b-fast"); ev.Attrs["status"] != "completed" {
 		t.Fatalf("fast: %v", ev.Attrs)
 	}
-	if r := recRun(t, p2, "a-stuck"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p2, "a-stuck"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("stuck row %+v while the fast one completed, want running", r)
 	}
 	if e2.ev.count("recovery:complete", "") != 0 {
@@ -1093,13 +1047,13 @@ func TestRecoverInspectTimeoutInBackground(t *testing.T) {
 	}
 	wg.Wait() // start-up returned while the inspection hangs
 	p = e.parent(t, "RecParent", "p")
-	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row right after start-up %+v, want running", r)
 	}
 	w := recDial(t, e, "RecParent", "p")
 	e.ev.wait(t, "recovery:begin", "")
 	e.recBudget(t, 1, 2*time.Second-time.Millisecond)
-	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row before 2 s %+v, want running", r)
 	}
 	e.recBudget(t, 1, time.Millisecond)
@@ -1107,7 +1061,7 @@ func TestRecoverInspectTimeoutInBackground(t *testing.T) {
 	// ended for a slow inspection, only for one that does not answer
 	// within the no-progress budget.
 	e.recBudget(t, 1, agenttool.DefaultReattachNoProgressTimeout-time.Millisecond)
-	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row before the no-progress budget %+v, want running", r)
 	}
 	if fin := k.finishesOf("b1"); len(fin) != 0 {
@@ -1118,7 +1072,7 @@ func TestRecoverInspectTimeoutInBackground(t *testing.T) {
 	if ev.Attrs["status"] != "interrupted" || ev.Attrs["reason"] != "inspect-timeout" || ev.Attrs["error"] != msgInspectTimeout {
 		t.Fatalf("recovery:row %v", ev.Attrs)
 	}
-	recCheckInterrupted(t, recRun(t, p, "b1"), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
+	recCheckInterrupted(t, getRun(t, p, "b1"), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
 	// The connect replay of w reads the child's live stream, so it waits
 	// for the hung hydration: let it end.
 	close(k.block)
@@ -1153,7 +1107,7 @@ func TestRecoverInspectFailed(t *testing.T) {
 		if ev.Attrs["reason"] != "inspect-failed" || ev.Attrs["error"] != msgInspectFailed {
 			t.Fatalf("%s: recovery:row %v", id, ev.Attrs)
 		}
-		recCheckInterrupted(t, recRun(t, p, id), agenttool.ReasonInspectFailed, msgInspectFailed, nil)
+		recCheckInterrupted(t, getRun(t, p, id), agenttool.ReasonInspectFailed, msgInspectFailed, nil)
 		if len(k.finishesOf(id)) != 1 {
 			t.Fatalf("%s: finish hooks %+v", id, k.finishesOf(id))
 		}
@@ -1181,16 +1135,16 @@ func TestRecoverDeadline(t *testing.T) {
 	// inspections are waited for up to the no-progress budget.
 	e.ev.wait(t, "recovery:deadline", "d4")
 	for _, id := range []string{"d1", "d2", "d3", "d4"} {
-		if r := recRun(t, p, id); r.Status != agenttool.StatusRunning {
+		if r := getRun(t, p, id); r.Status != agenttool.StatusRunning {
 			t.Fatalf("%s after the classification pass %+v, want running", id, r)
 		}
 	}
 	e.recBudget(t, 4, agenttool.DefaultReattachNoProgressTimeout)
 	e.ev.wait(t, "recovery:complete", "")
 	for _, id := range []string{"d1", "d2", "d3"} {
-		recCheckInterrupted(t, recRun(t, p, id), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
+		recCheckInterrupted(t, getRun(t, p, id), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
 	}
-	recCheckInterrupted(t, recRun(t, p, "d4"), agenttool.ReasonRecoveryDeadline, msgDeadline, nil)
+	recCheckInterrupted(t, getRun(t, p, "d4"), agenttool.ReasonRecoveryDeadline, msgDeadline, nil)
 	if ev := e.ev.wait(t, "recovery:deadline", "d4"); ev.Attrs["elapsedMs"] != int64(5000) {
 		t.Fatalf("recovery:deadline %v", ev.Attrs)
 	}
@@ -1219,8 +1173,8 @@ func TestRecoverSkipsRowsFromOnStart(t *testing.T) {
 	if begin := e.ev.wait(t, "recovery:begin", ""); begin.Attrs["runCount"] != 1 {
 		t.Fatalf("recovery:begin %v", begin.Attrs)
 	}
-	recCheckInterrupted(t, recRun(t, p, "stale"), agenttool.ReasonInspectFailed, msgInspectFailed, nil)
-	if r := recRun(t, p, "fresh"); r.Status != agenttool.StatusRunning {
+	recCheckInterrupted(t, getRun(t, p, "stale"), agenttool.ReasonInspectFailed, msgInspectFailed, nil)
+	if r := getRun(t, p, "fresh"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row from OnStart %+v, want running", r)
 	}
 	if e.ev.count("recovery:row", "fresh") != 0 || len(k.finishesOf("fresh")) != 0 {
@@ -1250,7 +1204,7 @@ func TestRecoverDefaults(t *testing.T) {
 	// nothing tore the child down.
 	e2.recBudget(t, 1, 24*time.Hour)
 	e2.ev.wait(t, "recovery:row", "s1")
-	recCheckInterrupted(t, recRun(t, p2, "s1"), agenttool.ReasonNoProgress, msgNoProgress, recPtr(true))
+	recCheckInterrupted(t, getRun(t, p2, "s1"), agenttool.ReasonNoProgress, msgNoProgress, ptr(true))
 }
 
 // ---------------------------------------------------------------------------
@@ -1270,7 +1224,7 @@ func TestRecoverCancelDuringReattach(t *testing.T) {
 	if err := agenttool.CancelAgentTool(recCtx(t), p2, "s1", "stop"); err != nil {
 		t.Fatal(err)
 	}
-	r := recRun(t, p2, "s1")
+	r := getRun(t, p2, "s1")
 	if r.Status != agenttool.StatusAborted || r.Error != "stop" {
 		t.Fatalf("row %+v, want aborted stop", r)
 	}
@@ -1348,7 +1302,7 @@ func TestRecoverChildFramesStayAttributed(t *testing.T) {
 
 			e2 := recStart(t, k, e1.Dir)
 			w := recDial(t, e2, "RecParent", "p")
-			stop := recPump(k.mclock)
+			stop := pump(k.mclock)
 			defer stop()
 			fs := w.terminal("st")
 			p2 := e2.parent(t, "RecParent", "p")
@@ -1359,7 +1313,7 @@ func TestRecoverChildFramesStayAttributed(t *testing.T) {
 			if after.RequestID != before.RequestID {
 				t.Fatalf("the child's run moved from stream %s to %s", before.RequestID, after.RequestID)
 			}
-			r := recRun(t, p2, "st")
+			r := getRun(t, p2, "st")
 			last := fs[len(fs)-1]
 			if tc.policy == chat.RecoverAbandon {
 				if r.Status != agenttool.StatusError || r.Error != "the turn was interrupted by a restart" || last.Event.Kind != "error" {
@@ -1380,7 +1334,7 @@ func TestRecoverChildFramesStayAttributed(t *testing.T) {
 				}
 			}
 			if post == 0 {
-				t.Fatalf("no chunk written after the child's recovery reached the parent:\n%s", recDumpFrames(fs))
+				t.Fatalf("no chunk written after the child's recovery reached the parent:\n%s", dumpFrames(fs))
 			}
 			child := recChildAgent(t, e2, p2, "RecStepper", "st")
 			if text := recTimeline(t, fs); text != recFinalText(t, child) {
@@ -1465,7 +1419,7 @@ func TestRecoverGiveUpNumbersAfterStoredChunks(t *testing.T) {
 	// no-progress budget.
 	e.recBudget(t, 1, agenttool.DefaultReattachNoProgressTimeout)
 	e.ev.wait(t, "recovery:complete", "")
-	recCheckInterrupted(t, recRun(t, p, "g1"), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
+	recCheckInterrupted(t, getRun(t, p, "g1"), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
 	check := func(who string, fs []agenttool.Frame) {
 		t.Helper()
 		var got []string
@@ -1513,11 +1467,11 @@ func TestRecoveryLeavesARedispatchedRunToItsDispatch(t *testing.T) {
 	out := recDispatch(p, "RecBlocking", "b1", "again")
 	e.ev.wait(t, "redispatch", "b1") // live: it waits for the child too
 	e.clock.Advance(2 * time.Second) // the inspection times out
-	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row after the inspection timed out %+v, want running", r)
 	}
 	close(k.block)
-	stop := recPump(k.mclock)
+	stop := pump(k.mclock)
 	o := recResult(t, out)
 	stop()
 	if o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != recText {
@@ -1561,7 +1515,7 @@ func TestRecoveryEndsARunItCouldNotInspectInTimeOnce(t *testing.T) {
 	if err := e.clock.BlockUntilContext(recCtx(t), 1); err != nil {
 		t.Fatal(err)
 	}
-	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "b1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("row after the inspection timed out %+v, want running", r)
 	}
 	if fin := k.finishesOf("b1"); len(fin) != 0 {
@@ -1570,7 +1524,7 @@ func TestRecoveryEndsARunItCouldNotInspectInTimeOnce(t *testing.T) {
 	out := recDispatch(p, "RecBlocking", "b1", "again")
 	e.ev.wait(t, "redispatch", "b1")
 	close(k.block)
-	stop := recPump(k.mclock)
+	stop := pump(k.mclock)
 	o := recResult(t, out)
 	stop()
 	if o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != recText {
@@ -1581,7 +1535,7 @@ func TestRecoveryEndsARunItCouldNotInspectInTimeOnce(t *testing.T) {
 	if len(fin) != 1 || fin[0].Result.Status != agenttool.StatusCompleted {
 		t.Fatalf("finish hooks %+v, want one, completed", fin)
 	}
-	if r := recRun(t, p, "b1"); r.Status != agenttool.StatusCompleted || r.Reason != "" {
+	if r := getRun(t, p, "b1"); r.Status != agenttool.StatusCompleted || r.Reason != "" {
 		t.Fatalf("row %+v, want completed", r)
 	}
 	fs := w.terminal("b1")
@@ -1638,7 +1592,7 @@ func TestRecoveryCollectsARunPastItsDeadline(t *testing.T) {
 	if ev := e.ev.wait(t, "recovery:row", "d4"); ev.Attrs["status"] != "completed" {
 		t.Fatalf("recovery:row of d4 %v, want completed", ev.Attrs)
 	}
-	if r := recRun(t, p, "d4"); r.Status != agenttool.StatusCompleted || r.Summary != "done early" {
+	if r := getRun(t, p, "d4"); r.Status != agenttool.StatusCompleted || r.Summary != "done early" {
 		t.Fatalf("d4 %+v, want completed", r)
 	}
 	e.recBudget(t, 3, agenttool.DefaultReattachNoProgressTimeout)
@@ -1647,6 +1601,6 @@ func TestRecoveryCollectsARunPastItsDeadline(t *testing.T) {
 		t.Fatalf("finish hooks of d4 %+v, want one, completed", fin)
 	}
 	for _, id := range []string{"d1", "d2", "d3"} {
-		recCheckInterrupted(t, recRun(t, p, id), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
+		recCheckInterrupted(t, getRun(t, p, id), agenttool.ReasonInspectTimeout, msgInspectTimeout, nil)
 	}
 }

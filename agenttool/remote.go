@@ -506,15 +506,9 @@ func (h *host) redispatchRemote(ctx context.Context, row runRow, input json.RawM
 			}
 			return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 		}
-		if err := h.markRunning(ctx, row.RunID); err != nil {
-			return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
+		if err := h.redispatched(ctx, row.RunID); err != nil {
+			return Result{}, err
 		}
-		h.mu.Lock()
-		if ch, ok := h.unstarted[row.RunID]; ok {
-			close(ch) // a recovery waiting for this re-dispatch stops waiting
-			delete(h.unstarted, row.RunID)
-		}
-		h.mu.Unlock()
 	}
 	h.publish(ctx, "recovery:reattach", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
 	return h.awaitRemote(ctx, row, child, streamID, input, r)
@@ -527,17 +521,8 @@ func (h *host) forwardStoredRemote(ctx context.Context, row runRow, streamID str
 		return 0
 	}
 	chunks, err := chat.StoredChunks(ctx, h.rt.DB(), h.b.Path().Child(row.AgentType, row.RunID), streamID, -1)
-	if err != nil || len(chunks) == 0 {
+	if err != nil {
 		return 0
 	}
-	after := -1
-	if n := len(row.marks); n > 0 {
-		after = row.marks[n-1] - 1
-	}
-	for _, c := range chunks {
-		if c.Seq > after {
-			h.broadcast(row.ParentToolCallID, eventSeq(c.Seq, row.marks), Event{Kind: "chunk", RunID: row.RunID, Body: c.Body})
-		}
-	}
-	return chunks[len(chunks)-1].Seq + 1
+	return h.forwardStored(ctx, row, chunks)
 }

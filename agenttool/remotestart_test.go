@@ -80,24 +80,7 @@ func newStartRemoteRig(t *testing.T) *startRemoteRig {
 	place := newPausingPlacement(req.Child())
 	db := teststore.Open(t, &pg, t.TempDir())
 	ctx := context.Background()
-	rt, err := agent.New(ctx, agent.Options{DB: db, Placement: place, IdleTimeout: -1, Logger: k.logs.Logger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []agent.Class{
-		{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
-		{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
-	} {
-		if err := rt.Register(c); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := chat.Configure(rt, chat.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := agenttool.Install(rt, agenttool.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	rt := newPlacedRuntime(t, db, place, k, agenttool.Options{})
 	ev := &events{changed: make(chan struct{})}
 	unsub := rt.Diag().Subscribe(diag.ChannelAgentTool, ev.add)
 	if err := rt.Start(ctx); err != nil {
@@ -272,26 +255,8 @@ func TestRemoteFollowerRestartsUnrecordedRun(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	remote := &lyingRemote{}
 	start := func(place splitPlacement, opts agenttool.Options) *agent.Runtime {
-		ctx := context.Background()
-		rt, err := agent.New(ctx, agent.Options{DB: db, Placement: place, IdleTimeout: -1, Logger: k.logs.Logger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range []agent.Class{
-			{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
-			{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
-		} {
-			if err := rt.Register(c); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := chat.Configure(rt, chat.Config{}); err != nil {
-			t.Fatal(err)
-		}
-		if err := agenttool.Install(rt, opts); err != nil {
-			t.Fatal(err)
-		}
-		if err := rt.Start(ctx); err != nil {
+		rt := newPlacedRuntime(t, db, place, k, opts)
+		if err := rt.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { rt.Close() })
@@ -322,4 +287,29 @@ func TestRemoteFollowerRestartsUnrecordedRun(t *testing.T) {
 
 func (r *lyingRemote) AnswerChild(ctx context.Context, req agenttool.RemoteAnswer) error {
 	return agenttool.AnswerRemoteChild(ctx, r.child(), req)
+}
+
+// newPlacedRuntime is a runtime on db, placed by place, with the kit's
+// Assistant and Researcher, chat and agent tools (opts); not started.
+func newPlacedRuntime(t *testing.T, db store.DB, place agent.Placement, k *kit, opts agenttool.Options) *agent.Runtime {
+	t.Helper()
+	rt, err := agent.New(context.Background(), agent.Options{DB: db, Placement: place, IdleTimeout: -1, Logger: k.logs.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []agent.Class{
+		{Name: "Assistant", New: func() agent.Agent { return &assistant{k: k} }, Public: true},
+		{Name: "Researcher", New: func() agent.Agent { return &researcher{k: k} }},
+	} {
+		if err := rt.Register(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := chat.Configure(rt, chat.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := agenttool.Install(rt, opts); err != nil {
+		t.Fatal(err)
+	}
+	return rt
 }

@@ -421,15 +421,9 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 			}
 			return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 		}
-		if err := h.markRunning(ctx, row.RunID); err != nil {
-			return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
+		if err := h.redispatched(ctx, row.RunID); err != nil {
+			return Result{}, err
 		}
-		h.mu.Lock()
-		if ch, ok := h.unstarted[row.RunID]; ok {
-			close(ch) // a recovery waiting for this re-dispatch stops waiting
-			delete(h.unstarted, row.RunID)
-		}
-		h.mu.Unlock()
 	} else {
 		cr = ch.track(row.RunID, insp.RequestID, insp.Status != childRunning)
 	}

@@ -365,7 +365,7 @@ func TestDetachedWaitIsNotSilence(t *testing.T) {
 	for range 4 { // ticks at 5, 20, 50, 170 s: 170 s of waiting
 		detTickNext(t, ctx, k, d, p)
 	}
-	if r := detRun(t, p, "w1"); r.Status != agenttool.StatusRunning {
+	if r := getRun(t, p, "w1"); r.Status != agenttool.StatusRunning {
 		t.Fatalf("a run waiting for input was given up: %s (%s)", r.Status, r.Reason)
 	}
 	if err := agenttool.AnswerAgentToolApproval(ctx, p, "w1", "call_pub", true, ""); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -42,17 +41,7 @@ func approvalModel() *scripted.Model {
 		return scripted.Rule{Name: word, Match: scripted.LastUserContains(word), Reply: scripted.Always(steps)}
 	}
 	return scripted.New(scripted.WithRules(
-		scripted.Rule{
-			Name:  "after-tools",
-			Match: scripted.LastIsToolResult,
-			Reply: func(req *model.Request) scripted.Reply {
-				var parts []string
-				for _, r := range scripted.ToolResults(req) {
-					parts = append(parts, fmt.Sprintf("[%s error=%v %s]", r.ToolName, r.IsError, r.Output))
-				}
-				return scripted.Reply{scripted.Text("after: " + strings.Join(parts, " "))}
-			},
-		},
+		scripted.ReportToolResults(),
 		call("delete twice", scripted.ToolCall("delete", map[string]any{"what": "a"}), scripted.ToolCall("delete", map[string]any{"what": "b"})),
 		call("delete small", scripted.ToolCall("delete", map[string]any{"what": "small"})),
 		call("delete", scripted.ToolCall("delete", map[string]any{"what": "runs"})),

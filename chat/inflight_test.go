@@ -9,6 +9,8 @@ import (
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/wire"
 )
 
@@ -20,29 +22,8 @@ import (
 // before their terminal frame, so a client that waits for the end is not
 // refused.
 func TestTurnsInFlightBounded(t *testing.T) {
-	started := make(chan struct{}, 8)
-	release := make(chan struct{})
-	k := &kit{handle: func(ctx context.Context, tt *chat.Turn) error {
-		started <- struct{}{}
-		if err := agent.Await(ctx, func() error {
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}); err != nil {
-			return err
-		}
-		return tt.WriteText("ok")
-	}}
-	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{MaxTurnsInFlight: 2}, handlerClass("Queue", k))
-	a := dial(t, env, "/agents/queue/a")
-	a.handshake()
-	b := dial(t, env, "/agents/queue/b")
-	b.handshake()
-	c := dial(t, env, "/agents/queue/c")
-	c.handshake()
+	q := startHeld(t, chat.Config{MaxTurnsInFlight: 2})
+	a, b, c := q.client(t, "a"), q.client(t, "b"), q.client(t, "c")
 	refused := func(ws *wsClient, id string) {
 		t.Helper()
 		fs := ws.until(isDone(id))
@@ -51,27 +32,36 @@ func TestTurnsInFlightBounded(t *testing.T) {
 			t.Fatalf("%s ended with %s, want the turns-in-flight error", id, last.Raw)
 		}
 	}
+	cancel := func(ws *wsClient, id string) {
+		t.Helper()
+		ws.send(map[string]any{"type": wire.ChatCancel, "id": id})
+		if fs := ws.until(isDone(id)); fs[len(fs)-1].Outcome != "aborted" {
+			t.Fatalf("%s ended with %s, want aborted", id, fs[len(fs)-1].Raw)
+		}
+	}
 	inFlight := func(want int) {
 		t.Helper()
-		if n := chat.InFlightTurns(env.RT); n != want {
+		if n := chat.InFlightTurns(q.env.RT); n != want {
 			t.Fatalf("%d turns in flight, want %d", n, want)
 		}
+	}
+	// full: with two turns in flight, b's request id is refused.
+	full := func(id string, msg message.Message) {
+		t.Helper()
+		inFlight(2)
+		b.request(id, msg)
+		refused(b, id)
 	}
 
 	// Two running turns on two instances fill the node.
 	a.request("r0", userMsgID("u0", "first"))
-	<-started
+	<-q.started
 	c.request("r1", userMsgID("w0", "second"))
-	<-started
-	inFlight(2)
-	b.request("s0", userMsgID("v0", "one too many"))
-	refused(b, "s0")
+	<-q.started
+	full("s0", userMsgID("v0", "one too many"))
 
 	// Cancelling a running turn frees its slot before its end frame.
-	c.send(map[string]any{"type": wire.ChatCancel, "id": "r1"})
-	if fs := c.until(isDone("r1")); fs[len(fs)-1].Outcome != "aborted" {
-		t.Fatalf("r1 ended with %s, want aborted", fs[len(fs)-1].Raw)
-	}
+	cancel(c, "r1")
 	inFlight(1)
 
 	// A queued turn counts too: a's frames are handled in order, so once
@@ -83,18 +73,13 @@ func TestTurnsInFlightBounded(t *testing.T) {
 		t.Fatalf("probe answer %s, want the offer of r0", f[len(f)-1].Raw)
 	}
 	a.ack("r0")
-	inFlight(2)
-	b.request("s1", userMsgID("v1", "still too many"))
-	refused(b, "s1")
-	a.send(map[string]any{"type": wire.ChatCancel, "id": "r2"})
-	if fs := a.until(isDone("r2")); fs[len(fs)-1].Outcome != "aborted" {
-		t.Fatalf("r2 ended with %s, want aborted", fs[len(fs)-1].Raw)
-	}
+	full("s1", userMsgID("v1", "still too many"))
+	cancel(a, "r2")
 	inFlight(1)
 	b.request("s2", userMsgID("v2", "now there is room"))
-	<-started
+	<-q.started
 
-	close(release)
+	close(q.release)
 	for _, x := range []struct {
 		ws *wsClient
 		id string
@@ -105,4 +90,41 @@ func TestTurnsInFlightBounded(t *testing.T) {
 		}
 	}
 	inFlight(0)
+}
+
+// heldQueue is a runtime whose "Queue" class holds every turn: a turn
+// signals started, then waits until release is closed (or its context
+// ends) and answers "ok".
+type heldQueue struct {
+	env     *testenv.Env
+	started chan struct{}
+	release chan struct{}
+}
+
+func startHeld(t *testing.T, cfg chat.Config) *heldQueue {
+	t.Helper()
+	q := &heldQueue{started: make(chan struct{}, 8), release: make(chan struct{})}
+	k := &kit{handle: func(ctx context.Context, tt *chat.Turn) error {
+		q.started <- struct{}{}
+		if err := agent.Await(ctx, func() error {
+			select {
+			case <-q.release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}); err != nil {
+			return err
+		}
+		return tt.WriteText("ok")
+	}}
+	q.env, _ = startEnv(t, "", clockwork.NewFakeClock(), cfg, handlerClass("Queue", k))
+	return q
+}
+
+// client dials the Queue instance named name and completes the handshake.
+func (q *heldQueue) client(t *testing.T, name string) *wsClient {
+	t.Helper()
+	c := dialReady(t, q.env, "/agents/queue/"+name)
+	return c
 }

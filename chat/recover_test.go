@@ -219,8 +219,7 @@ func TestRecoverRetryWholeAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	const path = "/agents/careful/retry"
-	c := dial(t, env, path)
-	c.handshake()
+	c := dialReady(t, env, path)
 	if f := c.next(); f.Type != wire.StreamResuming || f.ID != id {
 		t.Fatalf("no offer of the recovered stream: %s", f.Raw)
 	}

@@ -19,14 +19,12 @@ func TestResentRequestReplaysItsTurn(t *testing.T) {
 	m := scripted.New()
 	env, turns := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, chatClass("Bot", &kit{model: m}))
 	const path = "/agents/bot/resend"
-	c1 := dial(t, env, path)
-	c1.handshake()
+	c1 := dialReady(t, env, path)
 	c1.request("req-r", userMsgID("u-r", "hi"))
 	first := c1.until(isDone("req-r"))
 	turns.wait(t, "turn", "stream", "req-r")
 
-	c2 := dial(t, env, path)
-	c2.handshake()
+	c2 := dialReady(t, env, path)
 	c2.request("req-r", userMsgID("u-r", "hi"))
 	again := c2.until(isDone("req-r"))
 

@@ -73,8 +73,7 @@ func TestToolStreamParts(t *testing.T) {
 	rep := &reportTool{}
 	class := chatClass("Bot", &kit{model: reportModel(), tools: []chat.Tool{rep.tool()}})
 	env, _ := startEnv(t, dir, nil, chat.Config{}, class)
-	c := dial(t, env, "/agents/bot/parts")
-	c.handshake()
+	c := dialReady(t, env, "/agents/bot/parts")
 	c.request("r1", userMsgID("u1", "please report"))
 	live := c.until(isDone("r1"))
 
@@ -138,8 +137,7 @@ func TestToolStreamParts(t *testing.T) {
 	checkMessage("stored", getMessages(t, "http://"+env.Host, "/agents/bot/parts"))
 
 	// A replay of the finished stream has the data parts, not the ping.
-	c2 := dial(t, env, "/agents/bot/parts")
-	c2.handshake()
+	c2 := dialReady(t, env, "/agents/bot/parts")
 	c2.ack("r1")
 	for _, f := range c2.until(isDone("r1")) {
 		if f.IsChatChunk() && strings.Contains(f.Body, "data-ping") {

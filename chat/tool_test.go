@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +13,6 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
-	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
 )
 
@@ -34,17 +32,7 @@ func toolModel() *scripted.Model {
 		return scripted.Rule{Name: word, Match: scripted.LastUserContains(word), Reply: scripted.Always(steps)}
 	}
 	return scripted.New(scripted.WithRules(
-		scripted.Rule{
-			Name:  "after-tools",
-			Match: scripted.LastIsToolResult,
-			Reply: func(req *model.Request) scripted.Reply {
-				var parts []string
-				for _, r := range scripted.ToolResults(req) {
-					parts = append(parts, fmt.Sprintf("[%s error=%v %s]", r.ToolName, r.IsError, r.Output))
-				}
-				return scripted.Reply{scripted.Text("after: " + strings.Join(parts, " "))}
-			},
-		},
+		scripted.ReportToolResults(),
 		call("missing", scripted.ToolCall("weather", map[string]any{"days": 2})),
 		call("wrongtype", scripted.ToolCall("weather", map[string]any{"city": 5, "days": 2})),
 		call("nonjson", scripted.ToolCall("weather", json.RawMessage(`{"city": Paris`))),

@@ -20,6 +20,14 @@ import (
 	"github.com/agentry/agentry/wire"
 )
 
+// dialReady dials path on env and completes the handshake.
+func dialReady(t *testing.T, env *testenv.Env, path string) *wsClient {
+	t.Helper()
+	c := dial(t, env, path)
+	c.handshake()
+	return c
+}
+
 func userMsgID(id, text string) message.Message {
 	m := userMsg(text)
 	m.ID = id
@@ -120,8 +128,7 @@ func TestModelErrorOnTheWire(t *testing.T) {
 		Clock:    clockwork.NewFakeClock(),
 		Setup:    func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
 	})
-	c := dial(t, env, "/agents/bot/err")
-	c.handshake()
+	c := dialReady(t, env, "/agents/bot/err")
 	c.request("req-err", userMsgID("u-err", "hi"))
 	body := checkErrorFrames(t, c.until(isDone("req-err")), "req-err", "", "u-err")
 	logs.InternalError(t, body, streamErrDetail)
@@ -137,8 +144,7 @@ func TestHandlerErrorChunkOnTheWire(t *testing.T) {
 		return tt.Write(message.Error("handler broke"))
 	}}
 	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, handlerClass("Custom", k))
-	c := dial(t, env, "/agents/custom/err")
-	c.handshake()
+	c := dialReady(t, env, "/agents/custom/err")
 	c.request("req-h", userMsgID("u-h", "hi"))
 	checkErrorFrames(t, c.until(isDone("req-h")), "req-h", "handler broke", "u-h")
 }
@@ -157,9 +163,7 @@ func TestHandlerTurnOnTheWire(t *testing.T) {
 	}}
 	env, turns := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, handlerClass("Custom", k))
 	const path = "/agents/custom/ok"
-	c1, c2 := dial(t, env, path), dial(t, env, path)
-	c1.handshake()
-	c2.handshake()
+	c1, c2 := dialReady(t, env, path), dialReady(t, env, path)
 	c1.request("req-ok", userMsgID("u-ok", "hi"))
 	f1 := c1.until(isDone("req-ok"))
 	f2 := c2.until(isDone("req-ok"))
@@ -246,8 +250,7 @@ func TestResumeProtocol(t *testing.T) {
 	const path = "/agents/streamer/r"
 	ctx := testCtx(t)
 
-	c1 := dial(t, env, path)
-	c1.handshake()
+	c1 := dialReady(t, env, path)
 	// Idle: nothing to resume. The connection's first probe, answered
 	// idle, is preceded by the transcript.
 	c1.probe("p-idle")
@@ -272,8 +275,7 @@ func TestResumeProtocol(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c2 := dial(t, env, path)
-	c2.handshake()
+	c2 := dialReady(t, env, path)
 	if f := c2.next(); f.Type != wire.StreamResuming || f.ID != "req1" {
 		t.Fatalf("no proactive offer of the live stream: %s", f.Raw)
 	}
@@ -337,8 +339,7 @@ func TestResumeProtocol(t *testing.T) {
 	}
 
 	// A finished stream: replay, then done with replay:true and the outcome.
-	c3 := dial(t, env, path)
-	c3.handshake()
+	c3 := dialReady(t, env, path)
 	c3.ack("req1")
 	fin := c3.until(isDone("req1"))
 	d := fin[len(fin)-1]
@@ -385,8 +386,7 @@ func TestFirstProbeCarriesTheTranscript(t *testing.T) {
 	const path = "/agents/streamer/late"
 	ctx := testCtx(t)
 
-	c1 := dial(t, env, path)
-	c1.handshake()
+	c1 := dialReady(t, env, path)
 	c1.request("req1", userMsgID("u1", "hello there"))
 	if err := mclk.BlockUntilContext(ctx, 1); err != nil { // held after the first event
 		t.Fatal(err)
@@ -444,9 +444,7 @@ func TestClearDuringTurn(t *testing.T) {
 	// FlushChunks 1: every chunk is persisted as it is streamed.
 	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{FlushChunks: 1}, chatClass("Bot", k))
 	const path = "/agents/bot/clear"
-	c1, c2 := dial(t, env, path), dial(t, env, path)
-	c1.handshake()
-	c2.handshake()
+	c1, c2 := dialReady(t, env, path), dialReady(t, env, path)
 	c1.request("req-c", userMsgID("u-c", "a long question to answer"))
 	if err := mclk.BlockUntilContext(testCtx(t), 1); err != nil {
 		t.Fatal(err)
@@ -494,9 +492,7 @@ func TestClearDuringTurn(t *testing.T) {
 func TestClientTranscriptReplacement(t *testing.T) {
 	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, chatClass("Bot", &kit{model: scripted.New()}))
 	const path = "/agents/bot/replace"
-	c1, c2 := dial(t, env, path), dial(t, env, path)
-	c1.handshake()
-	c2.handshake()
+	c1, c2 := dialReady(t, env, path), dialReady(t, env, path)
 	// c1's chat listens (its first probe, answered idle, carries the
 	// transcript; see TestFirstProbeCarriesTheTranscript).
 	c1.probe("p0")
@@ -545,9 +541,7 @@ func TestClientTranscriptReplacement(t *testing.T) {
 func TestClientToolResult(t *testing.T) {
 	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{}, chatClass("Bot", &kit{model: scripted.New()}))
 	const path = "/agents/bot/tools"
-	c1, c2 := dial(t, env, path), dial(t, env, path)
-	c1.handshake()
-	c2.handshake()
+	c1, c2 := dialReady(t, env, path), dialReady(t, env, path)
 	asst := message.Message{ID: "a1", Role: message.RoleAssistant, Parts: []message.Part{
 		{Type: message.PartStepStart},
 		{Type: "tool-getLocation", ToolCallID: "call_loc", State: message.StateInputAvailable, Input: json.RawMessage(`{}`)},
@@ -593,27 +587,10 @@ func TestClientToolResult(t *testing.T) {
 // requests queue up to Config.MaxQueuedRequests; the next one is refused
 // with an error response at once, and the queued ones still run.
 func TestQueuedRequestsBounded(t *testing.T) {
-	started := make(chan struct{}, 8)
-	release := make(chan struct{})
-	k := &kit{handle: func(ctx context.Context, tt *chat.Turn) error {
-		started <- struct{}{}
-		if err := agent.Await(ctx, func() error {
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}); err != nil {
-			return err
-		}
-		return tt.WriteText("ok")
-	}}
-	env, _ := startEnv(t, "", clockwork.NewFakeClock(), chat.Config{MaxQueuedRequests: 2}, handlerClass("Queue", k))
-	c := dial(t, env, "/agents/queue/q")
-	c.handshake()
+	q := startHeld(t, chat.Config{MaxQueuedRequests: 2})
+	c := q.client(t, "q")
 	c.request("r0", userMsgID("u0", "first"))
-	<-started
+	<-q.started
 	c.request("r1", userMsgID("u1", "second"))
 	c.request("r2", userMsgID("u2", "third"))
 	c.request("r3", userMsgID("u3", "one too many"))
@@ -627,7 +604,7 @@ func TestQueuedRequestsBounded(t *testing.T) {
 			t.Fatalf("a queued request ended before the release: %s", f.Raw)
 		}
 	}
-	close(release)
+	close(q.release)
 	for _, id := range []string{"r0", "r1", "r2"} {
 		fs := c.until(isDone(id))
 		if end := fs[len(fs)-1]; end.Failed() || end.Outcome != "completed" {

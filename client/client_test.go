@@ -20,6 +20,7 @@ import (
 	"github.com/agentry/agentry/client"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/examples/echochat"
+	"github.com/agentry/agentry/internal/testkit/testctx"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/wire"
 )
@@ -30,12 +31,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // to let time pass.
 const waitLimit = 15 * time.Second
 
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return testctx.Within(t, waitLimit) }
 
 // start runs a server with Counter and EchoChat. EchoChat streams on clk
 // with a one-second delay between events when clk is not nil.

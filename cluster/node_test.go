@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/store"
 )
 
 const testShards = 64
@@ -37,6 +39,14 @@ func step(t testing.TB, ns ...*Node) {
 			t.Fatalf("%s: %v", n.ID(), err)
 		}
 	}
+}
+
+// joined is join, then one step of the node (it takes its shards).
+func joined(t testing.TB, d *db, id string, clock clockwork.Clock, mod func(*Config)) *Node {
+	t.Helper()
+	n := join(t, d, id, clock, mod)
+	step(t, n)
+	return n
 }
 
 // owners reads the shard owners from the database.
@@ -76,6 +86,18 @@ func fence(t testing.TB, d *db, n *Node, p agent.Path) error {
 	return fenceAt(t, d, n, p, 0)
 }
 
+// fenceOpen fences a write of p by n in a transaction it leaves open, and
+// returns that transaction (as d.begin does).
+func fenceOpen(t testing.TB, d *db, n *Node, p agent.Path) (*sql.Tx, store.Tx) {
+	t.Helper()
+	tx, stx := d.begin(t)
+	if err := n.Fence(context.Background(), stx, p, 0); err != nil {
+		tx.Rollback()
+		t.Fatal(err)
+	}
+	return tx, stx
+}
+
 // fenceAt is fence for a write of the hydration made under epoch.
 func fenceAt(t testing.TB, d *db, n *Node, p agent.Path, epoch int64) error {
 	t.Helper()
@@ -107,8 +129,7 @@ func TestShardOfSpreadsChildren(t *testing.T) {
 func TestJoinSplitsShardsAndLeaveClearsOwners(t *testing.T) {
 	d := newDB(t)
 	clock := clockwork.NewFakeClock()
-	a := join(t, d, "a", clock, nil)
-	step(t, a)
+	a := joined(t, d, "a", clock, nil)
 	if got := len(a.Owned()); got != testShards {
 		t.Fatalf("a alone owns %d shards, want %d", got, testShards)
 	}
@@ -215,8 +236,7 @@ func TestExpiredLeaseIsTakenOverAndFenced(t *testing.T) {
 func TestLocalDeadlineStopsServingBeforeExpiry(t *testing.T) {
 	d := newDB(t)
 	clock := clockwork.NewFakeClock()
-	a := join(t, d, "a", clock, nil)
-	step(t, a)
+	a := joined(t, d, "a", clock, nil)
 	p := pathOnShard(t, 3)
 	clock.Advance(a.Lease() * 3 / 4)
 	// The lease has a quarter left in the database, but a stops now.
@@ -243,13 +263,9 @@ func TestFenceHoldsOffTakeover(t *testing.T) {
 	d := newDB(t)
 	clockA := clockwork.NewFakeClock()
 	clockB := clockwork.NewFakeClockAt(clockA.Now())
-	a := join(t, d, "a", clockA, nil)
-	step(t, a)
+	a := joined(t, d, "a", clockA, nil)
 	p := pathOnShard(t, 11)
-	tx, stx := d.begin(t)
-	if err := a.Fence(context.Background(), stx, p, 0); err != nil {
-		t.Fatal(err)
-	}
+	tx, _ := fenceOpen(t, d, a, p)
 	b := join(t, d, "b", clockB, nil)
 	clockB.Advance(a.Lease() + time.Millisecond)
 	step(t, b)
@@ -280,13 +296,9 @@ func TestPausedTransactionLosesItsLock(t *testing.T) {
 	// A short lease: the idle timeout (the time left until the lease
 	// expires, the whole lease right after acquiring it) is real time.
 	mod := func(c *Config) { c.Lease = 400 * time.Millisecond }
-	a := join(t, d, "a", clockA, mod)
-	step(t, a)
+	a := joined(t, d, "a", clockA, mod)
 	p := pathOnShard(t, 5)
-	tx, stx := d.begin(t)
-	if err := a.Fence(context.Background(), stx, p, 0); err != nil {
-		t.Fatal(err)
-	}
+	tx, stx := fenceOpen(t, d, a, p)
 	// a pauses here, inside its transaction. The database ends the
 	// transaction after the idle timeout, which releases its lock: this
 	// statement waits for exactly that.
@@ -321,8 +333,7 @@ func TestPausedTransactionLosesItsLock(t *testing.T) {
 func TestFenceRefusesAnEarlierHydration(t *testing.T) {
 	d := newDB(t)
 	clock := clockwork.NewFakeClock()
-	a := join(t, d, "a", clock, nil)
-	step(t, a)
+	a := joined(t, d, "a", clock, nil)
 	p := pathOnShard(t, 3)
 	old, ok := a.Epoch(p)
 	if !ok {
@@ -364,8 +375,7 @@ func TestFenceRefusesAnEarlierHydration(t *testing.T) {
 func TestFenceIdleLimitIsTheLeaseLeft(t *testing.T) {
 	d := newDB(t)
 	clock := clockwork.NewFakeClock()
-	a := join(t, d, "a", clock, nil)
-	step(t, a)
+	a := joined(t, d, "a", clock, nil)
 	p := pathOnShard(t, 7)
 	for _, passed := range []time.Duration{0, a.Lease() / 2} {
 		clock.Advance(passed)
@@ -396,10 +406,8 @@ func TestDefaultLeaseFailsOverWithinFiveSeconds(t *testing.T) {
 	d := newDB(t)
 	clock := clockwork.NewFakeClock()
 	defaults := func(c *Config) { c.Lease = 0 }
-	a := join(t, d, "a", clock, defaults)
-	step(t, a)
-	b := join(t, d, "b", clock, defaults)
-	step(t, b)
+	a := joined(t, d, "a", clock, defaults)
+	b := joined(t, d, "b", clock, defaults)
 	const shard = 7
 	if !slices.Contains(a.Owned(), shard) {
 		t.Fatalf("a owns %v, want shard %d", a.Owned(), shard)

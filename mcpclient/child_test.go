@@ -2,11 +2,8 @@ package mcpclient_test
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/jonboulle/clockwork"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
@@ -15,7 +12,6 @@ import (
 	"github.com/agentry/agentry/mcpclient"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
 type helpIn struct {
@@ -70,20 +66,7 @@ func TestApprovalInChildRun(t *testing.T) {
 	if err := mc.AddServer(ctx, mcpclient.Server{Name: "go", URL: g.http.URL, NeedsApproval: chat.RequireApproval}); err != nil {
 		t.Fatal(err)
 	}
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: clockwork.NewRealClock(), IdleTimeout: -1})
-	if err != nil {
-		db.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		rt.Close()
-		db.Close()
-	})
-	chat.Configure(rt, chat.Config{})
+	rt := newRuntime(t)
 	if err := agenttool.Install(rt, agenttool.Options{}); err != nil {
 		t.Fatal(err)
 	}

@@ -159,10 +159,11 @@ func (cn *conn) changed() {
 	}
 }
 
-// connect makes one connection attempt.
-func (cn *conn) connect() (*mcp.ClientSession, error) {
+// attemptCtx is the context of one step of a connection (connecting,
+// listing tools): it ends after connectTimeout or when the connection is
+// stopped, whichever comes first. The caller cancels it.
+func (cn *conn) attemptCtx() (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
-	defer cancel()
 	go func() {
 		select {
 		case <-cn.stopCh:
@@ -170,6 +171,13 @@ func (cn *conn) connect() (*mcp.ClientSession, error) {
 		case <-ctx.Done():
 		}
 	}()
+	return ctx, cancel
+}
+
+// connect makes one connection attempt.
+func (cn *conn) connect() (*mcp.ClientSession, error) {
+	ctx, cancel := cn.attemptCtx()
+	defer cancel()
 	var t mcp.Transport
 	var cmd *exec.Cmd
 	if cn.cfg.URL != "" {
@@ -244,15 +252,8 @@ func (t *headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // listTools reads the server's tool list and replaces the chat tools.
 func (cn *conn) listTools(sess *mcp.ClientSession) error {
-	ctx, cancel := context.WithTimeout(context.Background(), connectTimeout)
+	ctx, cancel := cn.attemptCtx()
 	defer cancel()
-	go func() {
-		select {
-		case <-cn.stopCh:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	var list []*mcp.Tool
 	for t, err := range sess.Tools(ctx, nil) {
 		if err != nil {

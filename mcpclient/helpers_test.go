@@ -3,8 +3,6 @@ package mcpclient_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -16,10 +14,11 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/chat/message"
+	"github.com/agentry/agentry/internal/testkit/testctx"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/mcpclient"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -28,12 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // let time pass.
 const waitLimit = 30 * time.Second
 
-func testCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	t.Cleanup(cancel)
-	return ctx
-}
+func testCtx(t *testing.T) context.Context { return testctx.Within(t, waitLimit) }
 
 // bot is a chat agent whose tools are the MCP client's.
 type bot struct {
@@ -61,17 +55,7 @@ type chatter interface {
 // once it sees the results, reports them as text.
 func toolModel() *scripted.Model {
 	return scripted.New(scripted.WithRules(
-		scripted.Rule{
-			Name:  "after-tools",
-			Match: scripted.LastIsToolResult,
-			Reply: func(req *model.Request) scripted.Reply {
-				var parts []string
-				for _, r := range scripted.ToolResults(req) {
-					parts = append(parts, fmt.Sprintf("[%s error=%v %s]", r.ToolName, r.IsError, r.Output))
-				}
-				return scripted.Reply{scripted.Text("after: " + strings.Join(parts, " "))}
-			},
-		},
+		scripted.ReportToolResults(),
 		scripted.Rule{
 			Name:  "call",
 			Match: func(req *model.Request) bool { return strings.HasPrefix(lastUser(req), "call ") },
@@ -102,6 +86,17 @@ func lastUser(req *model.Request) string {
 	return ""
 }
 
+// newRuntime returns a runtime on a SQLite file of its own, with chat
+// configured, not started; it is closed at cleanup.
+func newRuntime(t *testing.T) *agent.Runtime {
+	t.Helper()
+	rt := teststore.NewRuntime(t, agent.Options{Clock: clockwork.NewRealClock(), IdleTimeout: -1})
+	if err := chat.Configure(rt, chat.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
 // rig is a runtime on a SQLite file with one chat class, "Bot", whose
 // tools come from mc.
 type rig struct {
@@ -110,26 +105,12 @@ type rig struct {
 
 func newRig(t *testing.T, mc *mcpclient.Client) *rig {
 	t.Helper()
-	ctx := context.Background()
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: clockwork.NewRealClock(), IdleTimeout: -1})
-	if err != nil {
-		db.Close()
-		t.Fatal(err)
-	}
-	chat.Configure(rt, chat.Config{})
+	rt := newRuntime(t)
 	m := toolModel()
 	if err := rt.Register(agent.Class{Name: "Bot", Public: true, New: func() agent.Agent { return &bot{mcp: mc, model: m} }}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		rt.Close()
-		db.Close()
-	})
-	if err := rt.Start(ctx); err != nil {
+	if err := rt.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return &rig{rt: rt}

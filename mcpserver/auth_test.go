@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +16,9 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/internal/testkit/teststore"
 	"github.com/agentry/agentry/mcpserver"
 	"github.com/agentry/agentry/server"
-	"github.com/agentry/agentry/store/sqlite"
 )
 
 // Boss is a public chat class whose one agent tool, ask, runs a Worker.
@@ -49,14 +48,7 @@ func (w *Worker) OnChatMessage(ctx context.Context, t *chat.Turn) error {
 func startAuth(t testing.TB) string {
 	t.Helper()
 	ctx := context.Background()
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "agentry.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := agent.New(ctx, agent.Options{DB: db, IdleTimeout: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := teststore.NewRuntime(t, agent.Options{IdleTimeout: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	chat.Configure(rt, chat.Config{})
 	agenttool.Install(rt, agenttool.Options{})
 	rt.MustRegister(agent.Class{Name: "Boss", New: func() agent.Agent { return &Boss{} }, Public: true})
@@ -79,8 +71,6 @@ func startAuth(t testing.TB) string {
 		hs.CloseClientConnections()
 		hs.Close()
 		front.Close()
-		rt.Close()
-		db.Close()
 	})
 	return hs.URL + "/mcp"
 }

@@ -109,10 +109,7 @@ func TestStateSync(t *testing.T) {
 // cf_agent_state_error, nothing is persisted or broadcast. An accepted one is
 // persisted and broadcast to the others.
 func TestClientStateValidation(t *testing.T) {
-	h := newHooks()
-	env := startHooked(t, h)
-	a := dialHooked(t, env, "v", "a")
-	b := dialHooked(t, env, "v", "b")
+	env, a, b := hookedPair(t, "v")
 
 	a.send(map[string]any{"type": wire.State, "state": map[string]any{"bad": true}})
 	jsonEq(t, a.next(), `{"type":"cf_agent_state_error","error":"State update rejected"}`)
@@ -236,10 +233,7 @@ func TestRPC(t *testing.T) {
 // Per-connection state is private to its connection; Broadcast with an
 // exclusion skips the excluded connection only.
 func TestConnStateAndBroadcast(t *testing.T) {
-	h := newHooks()
-	env := startHooked(t, h)
-	a := dialHooked(t, env, "b", "a")
-	b := dialHooked(t, env, "b", "b")
+	env, a, b := hookedPair(t, "b")
 	c := dialHooked(t, env, "b", "c")
 
 	a.ok("setMine", "A")
@@ -266,4 +260,12 @@ func TestConnStateAndBroadcast(t *testing.T) {
 	jsonEq(t, b.next(), `{"type":"rpc","id":"`+id+`","success":true,"done":true}`)
 	jsonEq(t, a.next(), `{"type":"cf_agent_state","state":{"v":1}}`)
 	jsonEq(t, c.next(), `{"type":"cf_agent_state","state":{"v":1}}`)
+}
+
+// hookedPair starts a Hooked server and dials two connections, "a" and
+// "b", to its instance name.
+func hookedPair(t *testing.T, name string) (*testenv.Env, *client, *client) {
+	t.Helper()
+	env := startHooked(t, newHooks())
+	return env, dialHooked(t, env, name, "a"), dialHooked(t, env, name, "b")
 }

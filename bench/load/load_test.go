@@ -52,20 +52,7 @@ func TestSmoke(t *testing.T) {
 	cfg := Config{Serve: true, Data: t.TempDir(), Delay: 5 * time.Millisecond, Users: *smokeUsers, Duration: *smokeDuration,
 		Mix: mix, Think: 100 * time.Millisecond, Shared: 0.4, Group: 2, TurnTimeout: 2 * time.Minute,
 		NPMShare: npmShare, NPMDir: npmDir, Stuck: 2, Heavy: 20, Seed: 1}
-	var logs bytes.Buffer
-	rep, err := Run(context.Background(), cfg, &logs)
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, logs.String())
-	}
-	var out bytes.Buffer
-	rep.Print(&out)
-	t.Log("\n" + out.String())
-	if len(rep.Errors) > 0 {
-		t.Errorf("errors: %v\n%v", rep.Errors, rep.Samples)
-	}
-	if !rep.Check.OK() {
-		t.Errorf("transcript check: %v", rep.Check.Problems)
-	}
+	rep := runChecked(t, cfg)
 	// The run did work and the check looked at it.
 	if rep.Turns == 0 || rep.Runs == 0 || rep.Check.Sent == 0 || rep.Check.Answers == 0 || rep.Check.Transcripts == 0 {
 		t.Errorf("nothing done: %d turns, %d runs, check %+v", rep.Turns, rep.Runs, rep.Check)
@@ -171,6 +158,18 @@ func TestRefusals(t *testing.T) {
 	}
 	cfg := Config{Serve: true, Data: t.TempDir(), Delay: 5 * time.Millisecond, MaxTurns: 1, Users: 4, Duration: 3 * time.Second,
 		Mix: mix, Think: 20 * time.Millisecond, Shared: 0.5, Group: 2, TurnTimeout: 2 * time.Minute, Seed: 1}
+	rep := runChecked(t, cfg)
+	// Four users 20 ms apart between actions overlap within 3 s: a
+	// turn's search alone takes 200 ms.
+	if rep.Refusals["turns-in-flight"] == 0 {
+		t.Errorf("no request refused: %v", rep.Refusals)
+	}
+}
+
+// runChecked runs cfg, logs its report and fails the test on a run error,
+// on errors the run met and on a transcript check that found problems.
+func runChecked(t *testing.T, cfg Config) *Report {
+	t.Helper()
 	var logs bytes.Buffer
 	rep, err := Run(context.Background(), cfg, &logs)
 	if err != nil {
@@ -185,9 +184,5 @@ func TestRefusals(t *testing.T) {
 	if !rep.Check.OK() {
 		t.Errorf("transcript check: %v", rep.Check.Problems)
 	}
-	// Four users 20 ms apart between actions overlap within 3 s: a
-	// turn's search alone takes 200 ms.
-	if rep.Refusals["turns-in-flight"] == 0 {
-		t.Errorf("no request refused: %v", rep.Refusals)
-	}
+	return rep
 }

@@ -223,20 +223,16 @@ func (u *user) send(ctx context.Context, text string) (*client.Stream, string, e
 // checks their events; with reconnect, it drops the connection after the
 // first content chunk and resumes the turn on a new one.
 func (u *user) foreground(ctx context.Context, text string, runs int, reconnect bool) (string, error) {
-	tctx, cancel := context.WithTimeout(ctx, u.g.cfg.TurnTimeout)
-	defer cancel()
-	release, kind, err := u.acquire(tctx)
+	tctx, end, kind, err := u.begin(ctx)
 	if err != nil {
 		return kind, err
 	}
-	defer release()
+	defer end()
 	start := time.Now()
-	s, id, err := u.send(tctx, text)
+	s, id, err := u.sendRecorded(tctx, text)
 	if err != nil {
 		return "send", err
 	}
-	u.inst.record(func() { u.inst.sent = append(u.inst.sent, id) })
-	u.unsend = func() { u.inst.sent = without(u.inst.sent, id) }
 	first, content, err := firstChunks(tctx, s, start)
 	if err != nil {
 		return "stream", err
@@ -266,12 +262,9 @@ func (u *user) foreground(ctx context.Context, text string, runs int, reconnect 
 		}
 		s = rs
 	}
-	res, err := s.Wait(tctx)
+	res, kind, err := completed(tctx, s, "turn")
 	if err != nil {
-		return turnKind(err), err
-	}
-	if res.Outcome != client.OutcomeCompleted {
-		return "turn-" + res.Outcome, fmt.Errorf("turn %s ended %s", res.ID, res.Outcome)
+		return kind, err
 	}
 	// The runs under the turn's tool call reach a terminal status in the
 	// agent-tool events (the tool waited for them, so their terminal
@@ -342,30 +335,19 @@ func (u *user) answerAfter(id string) (message.Message, error) {
 // notice is answered in the chat (so that the next message this instance
 // sends carries it).
 func (u *user) background(ctx context.Context, topic string) (string, error) {
-	tctx, cancel := context.WithTimeout(ctx, u.g.cfg.TurnTimeout)
-	defer cancel()
-	release, kind, err := u.acquire(tctx)
+	tctx, end, kind, err := u.begin(ctx)
 	if err != nil {
 		return kind, err
 	}
-	defer release()
+	defer end()
 	start := time.Now()
-	s, id, err := u.send(tctx, "research "+topic+" in the background")
+	s, id, err := u.sendRecorded(tctx, "research "+topic+" in the background")
 	if err != nil {
 		return "send", err
 	}
-	u.inst.record(func() { u.inst.sent = append(u.inst.sent, id) })
-	u.unsend = func() { u.inst.sent = without(u.inst.sent, id) }
-	first, content, err := firstChunks(tctx, s, start)
+	first, content, res, kind, err := answered(tctx, s, start, "turn")
 	if err != nil {
-		return "stream", err
-	}
-	res, err := s.Wait(tctx)
-	if err != nil {
-		return turnKind(err), err
-	}
-	if res.Outcome != client.OutcomeCompleted {
-		return "turn-" + res.Outcome, fmt.Errorf("turn %s ended %s", res.ID, res.Outcome)
+		return kind, err
 	}
 	var call string
 	for _, p := range res.Message.Parts {
@@ -436,16 +418,9 @@ func (u *user) drill(ctx context.Context, sa agenttools.SubAgent) (string, error
 	cr.sent = append(cr.sent, id)
 	u.unsend = func() { cr.sent = without(cr.sent, id) }
 	u.inst.mu.Unlock()
-	first, content, err := firstChunks(tctx, s, start)
+	first, content, res, kind, err := answered(tctx, s, start, "drill-in turn")
 	if err != nil {
-		return "stream", err
-	}
-	res, err := s.Wait(tctx)
-	if err != nil {
-		return turnKind(err), err
-	}
-	if res.Outcome != client.OutcomeCompleted {
-		return "turn-" + res.Outcome, fmt.Errorf("drill-in turn %s ended %s", res.ID, res.Outcome)
+		return kind, err
 	}
 	u.inst.record(func() {
 		if res.Message.ID != "" {
@@ -454,6 +429,56 @@ func (u *user) drill(ctx context.Context, sa agenttools.SubAgent) (string, error
 	})
 	u.g.rec.turn(first, content, time.Since(start), 0)
 	return "", nil
+}
+
+// begin bounds a turn by Config.TurnTimeout and takes the user's turn
+// slot (acquire); end gives both back. On an error it returns the kind
+// acquire named.
+func (u *user) begin(ctx context.Context) (tctx context.Context, end func(), kind string, err error) {
+	tctx, cancel := context.WithTimeout(ctx, u.g.cfg.TurnTimeout)
+	release, kind, err := u.acquire(tctx)
+	if err != nil {
+		cancel()
+		return nil, nil, kind, err
+	}
+	return tctx, func() { release(); cancel() }, "", nil
+}
+
+// sendRecorded sends text as a user message and records it as sent by
+// the instance (u.unsend takes it back).
+func (u *user) sendRecorded(ctx context.Context, text string) (*client.Stream, string, error) {
+	s, id, err := u.send(ctx, text)
+	if err != nil {
+		return nil, "", err
+	}
+	u.inst.record(func() { u.inst.sent = append(u.inst.sent, id) })
+	u.unsend = func() { u.inst.sent = without(u.inst.sent, id) }
+	return s, id, nil
+}
+
+// completed waits for the end of the turn of s, which must complete; what
+// names the turn in the error. On an error it returns its kind.
+func completed(ctx context.Context, s *client.Stream, what string) (client.TurnResult, string, error) {
+	res, err := s.Wait(ctx)
+	if err != nil {
+		return res, turnKind(err), err
+	}
+	if res.Outcome != client.OutcomeCompleted {
+		return res, "turn-" + res.Outcome, fmt.Errorf("%s %s ended %s", what, res.ID, res.Outcome)
+	}
+	return res, "", nil
+}
+
+// answered reads the turn of s to its end, which must be completed: the
+// times of firstChunks and the result; what names the turn in the error.
+// On an error it returns its kind.
+func answered(ctx context.Context, s *client.Stream, start time.Time, what string) (first, content time.Duration, res client.TurnResult, kind string, err error) {
+	first, content, err = firstChunks(ctx, s, start)
+	if err != nil {
+		return first, content, res, "stream", err
+	}
+	res, kind, err = completed(ctx, s, what)
+	return first, content, res, kind, err
 }
 
 // firstChunks reads a turn's stream up to its first content chunk (one

@@ -216,29 +216,31 @@ func TestChildFirstMessage(t *testing.T) {
 	}
 }
 
-func TestFirstSentence(t *testing.T) {
-	for in, want := range map[string]string{
-		"One. Two.": "One.",
-		"## Step-by-step\n1. Write it.\n2. Run it.": "## Step-by-step\n1. Write it.",
-		"Use e.g. Go. Then stop.":                   "Use e.g. Go.",
-		"No period":                                 "No period",
-		"Ends here.\nNext line.":                    "Ends here.",
-		"Version 1.2 is out. Yes.":                  "Version 1.2 is out.",
+// TestTextHelpers: FirstSentence and Topic on the texts the demo meets.
+func TestTextHelpers(t *testing.T) {
+	for _, fn := range []struct {
+		name  string
+		f     func(string) string
+		cases map[string]string
+	}{
+		{"FirstSentence", agentsastools.FirstSentence, map[string]string{
+			"One. Two.": "One.",
+			"## Step-by-step\n1. Write it.\n2. Run it.": "## Step-by-step\n1. Write it.",
+			"Use e.g. Go. Then stop.":                   "Use e.g. Go.",
+			"No period":                                 "No period",
+			"Ends here.\nNext line.":                    "Ends here.",
+			"Version 1.2 is out. Yes.":                  "Version 1.2 is out.",
+		}},
+		{"Topic", agentsastools.Topic, map[string]string{
+			"Research the history of TLS in the background": "the history of TLS",
+			"Research solar panels, don't wait":             "solar panels",
+			"Please research quantum computing":             "quantum computing",
+		}},
 	} {
-		if got := agentsastools.FirstSentence(in); got != want {
-			t.Errorf("FirstSentence(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
-func TestTopic(t *testing.T) {
-	for in, want := range map[string]string{
-		"Research the history of TLS in the background": "the history of TLS",
-		"Research solar panels, don't wait":             "solar panels",
-		"Please research quantum computing":             "quantum computing",
-	} {
-		if got := agentsastools.Topic(in); got != want {
-			t.Errorf("Topic(%q) = %q, want %q", in, got, want)
+		for in, want := range fn.cases {
+			if got := fn.f(in); got != want {
+				t.Errorf("%s(%q) = %q, want %q", fn.name, in, got, want)
+			}
 		}
 	}
 }

@@ -143,40 +143,36 @@ func TestPortAnswersDuringRecovery(t *testing.T) {
 	case <-time.After(waitLimit):
 		t.Fatal("the start-up never recovered busy")
 	}
-	// The recovery is blocked: another instance answers.
-	other := make(chan string, 1)
-	go func() {
-		code, body := get(t, base+"idle")
-		if code != http.StatusOK {
-			body = "status " + http.StatusText(code) + ": " + body
-		}
-		other <- body
-	}()
-	// A request to the recovering instance waits for it.
-	busy := make(chan string, 1)
-	go func() {
-		code, body := get(t, base+"busy")
-		if code != http.StatusOK {
-			body = "status " + http.StatusText(code) + ": " + body
-		}
-		busy <- body
-	}()
-	select {
-	case body := <-other:
-		if body != "hello from idle" {
-			t.Fatalf("idle answered %q", body)
-		}
-	case <-time.After(waitLimit):
-		t.Fatal("the port did not answer while the recovery was blocked")
+	// fetch gets the instance name in the background; answered waits for
+	// its answer, which must be "hello from NAME".
+	fetch := func(name string) <-chan string {
+		ch := make(chan string, 1)
+		go func() {
+			code, body := get(t, base+name)
+			if code != http.StatusOK {
+				body = "status " + http.StatusText(code) + ": " + body
+			}
+			ch <- body
+		}()
+		return ch
 	}
+	answered := func(name string, ch <-chan string, never string) {
+		t.Helper()
+		select {
+		case body := <-ch:
+			if body != "hello from "+name {
+				t.Fatalf("%s answered %q", name, body)
+			}
+		case <-time.After(waitLimit):
+			t.Fatal(never)
+		}
+	}
+	// The recovery is blocked: another instance answers.
+	other := fetch("idle")
+	// A request to the recovering instance waits for it.
+	busy := fetch("busy")
+	answered("idle", other, "the port did not answer while the recovery was blocked")
 	k.released.Store(true)
 	close(k.release)
-	select {
-	case body := <-busy:
-		if body != "hello from busy" {
-			t.Fatalf("busy answered %q", body)
-		}
-	case <-time.After(waitLimit):
-		t.Fatal("the request to the recovering instance never ended")
-	}
+	answered("busy", busy, "the request to the recovering instance never ended")
 }

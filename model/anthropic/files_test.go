@@ -2,57 +2,30 @@ package anthropic
 
 import (
 	"encoding/base64"
-	"encoding/json"
-	"errors"
-	"reflect"
-	"strings"
 	"testing"
 
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/internal/replaytest"
 )
 
-// pngBytes is a 1×1 transparent PNG.
-var pngBytes, _ = base64.StdEncoding.DecodeString("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
-
-var pdfBytes = []byte("%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n")
-
 // TestFilesInRequestBody sends images (inline and by URL), a PDF and a
 // text file through the SDK and checks the request body the server
 // received carries them as Anthropic image and document blocks.
 func TestFilesInRequestBody(t *testing.T) {
 	srv := replaytest.New(t, replaytest.SSE(t, "testdata/text.sse"))
-	req := &model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: []model.Content{
-		model.Text("What is in these?"),
-		model.File("image/png", pngBytes),
-		{Kind: model.ContentFile, MediaType: "image/jpeg", URL: "https://example.com/cat.jpg"},
-		{Kind: model.ContentFile, MediaType: "application/pdf", Data: pdfBytes, Filename: "report.pdf"},
-		{Kind: model.ContentFile, MediaType: "text/plain", Data: []byte("notes"), Filename: "notes.txt"},
-	}}}}
+	req := replaytest.FilesRequest(
+		model.Content{Kind: model.ContentFile, MediaType: "text/plain", Data: []byte("notes"), Filename: "notes.txt"},
+	)
 	if _, err := collect(newModel(srv, nil).Stream(t.Context(), req)); err != nil {
 		t.Fatal(err)
 	}
-	var body struct {
-		Messages []map[string]any `json:"messages"`
-	}
-	if err := json.Unmarshal(srv.Requests()[0].Body, &body); err != nil {
-		t.Fatal(err)
-	}
-	var want []any
-	mustUnmarshal(t, `[
+	srv.CheckUserContent(t, `[
 		{"type": "text", "text": "What is in these?"},
-		{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "`+base64.StdEncoding.EncodeToString(pngBytes)+`"}},
+		{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "`+base64.StdEncoding.EncodeToString(replaytest.PNG)+`"}},
 		{"type": "image", "source": {"type": "url", "url": "https://example.com/cat.jpg"}},
-		{"type": "document", "title": "report.pdf", "source": {"type": "base64", "media_type": "application/pdf", "data": "`+base64.StdEncoding.EncodeToString(pdfBytes)+`"}},
+		{"type": "document", "title": "report.pdf", "source": {"type": "base64", "media_type": "application/pdf", "data": "`+base64.StdEncoding.EncodeToString(replaytest.PDF)+`"}},
 		{"type": "document", "title": "notes.txt", "source": {"type": "text", "media_type": "text/plain", "data": "notes"}}
-	]`, &want)
-	if len(body.Messages) != 1 || body.Messages[0]["role"] != "user" {
-		t.Fatalf("messages = %v", body.Messages)
-	}
-	if got := body.Messages[0]["content"]; !reflect.DeepEqual(got, want) {
-		g, _ := json.MarshalIndent(got, "", "  ")
-		t.Errorf("user content:\n%s", g)
-	}
+	]`)
 }
 
 // TestFileLimits: an image over the limit (5 MiB by default) or a file of
@@ -78,13 +51,7 @@ func TestFileLimits(t *testing.T) {
 			cfg.BaseURL, cfg.APIKey, cfg.HTTPClient = srv.URL, "sk-test", srv.Client()
 			req := &model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: []model.Content{model.Text("look"), tc.file}}}}
 			_, err := collect(New(cfg).Stream(t.Context(), req))
-			var re *model.RequestError
-			if !errors.As(err, &re) || !strings.Contains(re.Message, tc.want) {
-				t.Fatalf("err = %v, want a RequestError containing %q", err, tc.want)
-			}
-			if n := len(srv.Requests()); n != 0 {
-				t.Errorf("%d requests sent, want none", n)
-			}
+			srv.CheckRefused(t, err, tc.want)
 		})
 	}
 }

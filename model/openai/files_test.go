@@ -2,55 +2,27 @@ package openai
 
 import (
 	"encoding/base64"
-	"encoding/json"
-	"errors"
-	"reflect"
-	"strings"
 	"testing"
 
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/internal/replaytest"
 )
 
-// pngBytes is a 1×1 transparent PNG.
-var pngBytes, _ = base64.StdEncoding.DecodeString("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==")
-
-var pdfBytes = []byte("%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n")
-
 // TestFilesInRequestBody sends an image (inline and by URL) and a PDF
 // through the SDK and checks the request body the server received carries
 // them as OpenAI content parts.
 func TestFilesInRequestBody(t *testing.T) {
 	srv := replaytest.New(t, replaytest.SSE(t, "testdata/text.sse"))
-	req := &model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: []model.Content{
-		model.Text("What is in these?"),
-		model.File("image/png", pngBytes),
-		{Kind: model.ContentFile, MediaType: "image/jpeg", URL: "https://example.com/cat.jpg"},
-		{Kind: model.ContentFile, MediaType: "application/pdf", Data: pdfBytes, Filename: "report.pdf"},
-	}}}}
+	req := replaytest.FilesRequest()
 	if _, err := collect(newModel(srv, nil).Stream(t.Context(), req)); err != nil {
 		t.Fatal(err)
 	}
-	var body struct {
-		Messages []map[string]any `json:"messages"`
-	}
-	if err := json.Unmarshal(srv.Requests()[0].Body, &body); err != nil {
-		t.Fatal(err)
-	}
-	var want []any
-	mustUnmarshal(t, `[
+	srv.CheckUserContent(t, `[
 		{"type": "text", "text": "What is in these?"},
-		{"type": "image_url", "image_url": {"url": "data:image/png;base64,`+base64.StdEncoding.EncodeToString(pngBytes)+`"}},
+		{"type": "image_url", "image_url": {"url": "data:image/png;base64,`+base64.StdEncoding.EncodeToString(replaytest.PNG)+`"}},
 		{"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}},
-		{"type": "file", "file": {"file_data": "data:application/pdf;base64,`+base64.StdEncoding.EncodeToString(pdfBytes)+`", "filename": "report.pdf"}}
-	]`, &want)
-	if len(body.Messages) != 1 || body.Messages[0]["role"] != "user" {
-		t.Fatalf("messages = %v", body.Messages)
-	}
-	if got := body.Messages[0]["content"]; !reflect.DeepEqual(got, want) {
-		g, _ := json.MarshalIndent(got, "", "  ")
-		t.Errorf("user content:\n%s", g)
-	}
+		{"type": "file", "file": {"file_data": "data:application/pdf;base64,`+base64.StdEncoding.EncodeToString(replaytest.PDF)+`", "filename": "report.pdf"}}
+	]`)
 }
 
 // TestFileLimits: a file over the limit, of a type OpenAI does not take,
@@ -76,13 +48,7 @@ func TestFileLimits(t *testing.T) {
 			m := New(Config{BaseURL: srv.URL + "/v1", APIKey: "sk-test", HTTPClient: srv.Client(), MaxImageBytes: 1024})
 			req := &model.Request{Messages: []model.Message{{Role: model.RoleUser, Content: []model.Content{model.Text("look"), tc.file}}}}
 			_, err := collect(m.Stream(t.Context(), req))
-			var re *model.RequestError
-			if !errors.As(err, &re) || !strings.Contains(re.Message, tc.want) {
-				t.Fatalf("err = %v, want a RequestError containing %q", err, tc.want)
-			}
-			if n := len(srv.Requests()); n != 0 {
-				t.Errorf("%d requests sent, want none", n)
-			}
+			srv.CheckRefused(t, err, tc.want)
 		})
 	}
 }

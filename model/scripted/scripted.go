@@ -550,3 +550,22 @@ func CountToolResults(req *model.Request) int {
 	}
 	return n
 }
+
+// ReportToolResults returns a rule, named "after-tools", that answers a
+// request whose last message carries tool results with one text: "after: "
+// and then "[NAME error=BOOL OUTPUT]" for each result of the last step,
+// separated by spaces. Tests put it first so that a model which called
+// tools reports what they returned.
+func ReportToolResults() Rule {
+	return Rule{
+		Name:  "after-tools",
+		Match: LastIsToolResult,
+		Reply: func(req *model.Request) Reply {
+			var parts []string
+			for _, r := range ToolResults(req) {
+				parts = append(parts, fmt.Sprintf("[%s error=%v %s]", r.ToolName, r.IsError, r.Output))
+			}
+			return Reply{Text("after: " + strings.Join(parts, " "))}
+		},
+	}
+}

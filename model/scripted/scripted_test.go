@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"iter"
 	"reflect"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/model"
+	"github.com/agentry/agentry/model/internal/replaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -25,17 +25,6 @@ func user(text string) model.Message {
 
 func ask(text string) *model.Request {
 	return &model.Request{Messages: []model.Message{user(text)}}
-}
-
-func collect(seq iter.Seq2[model.Event, error]) ([]model.Event, error) {
-	var evs []model.Event
-	for ev, err := range seq {
-		if err != nil {
-			return evs, err
-		}
-		evs = append(evs, ev)
-	}
-	return evs, nil
 }
 
 // kinds lists the events' kinds and payloads compactly.
@@ -74,7 +63,7 @@ func TestChunking(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := New(append(tc.opts, WithDefault(Always(Reply{Text(tc.text)})))...)
-			evs, err := collect(m.Stream(t.Context(), ask("hi")))
+			evs, err := replaytest.Collect(m.Stream(t.Context(), ask("hi")))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +82,7 @@ func TestChunking(t *testing.T) {
 }
 
 func TestDefaultEchoes(t *testing.T) {
-	evs, err := collect(New(WithChunkSize(100)).Stream(t.Context(), ask("ping")))
+	evs, err := replaytest.Collect(New(WithChunkSize(100)).Stream(t.Context(), ask("ping")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +99,7 @@ func TestToolCalls(t *testing.T) {
 		ToolCall("clock", json.RawMessage(`{}`)).WithID("fixed"),
 	})))
 	req := &model.Request{Messages: []model.Message{user("a"), {Role: model.RoleAssistant, Content: []model.Content{model.Text("b")}}, user("c")}}
-	evs, err := collect(m.Stream(t.Context(), req))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), req))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +120,7 @@ func TestToolCalls(t *testing.T) {
 		t.Errorf("events:\n got %q\nwant %q", got, want)
 	}
 	// The same request gives the same ids.
-	again, _ := collect(m.Stream(t.Context(), req))
+	again, _ := replaytest.Collect(m.Stream(t.Context(), req))
 	if !reflect.DeepEqual(kinds(again), want) {
 		t.Errorf("second run differs: %q", kinds(again))
 	}
@@ -139,7 +128,7 @@ func TestToolCalls(t *testing.T) {
 
 func TestToolCallBadInput(t *testing.T) {
 	m := New(WithDefault(Always(Reply{Text("x"), ToolCall("t", func() {})})))
-	evs, err := collect(m.Stream(t.Context(), ask("hi")))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), ask("hi")))
 	if len(evs) != 1 || err == nil || !strings.Contains(err.Error(), `tool call "t"`) {
 		t.Errorf("events %v, err %v", kinds(evs), err)
 	}
@@ -147,7 +136,7 @@ func TestToolCallBadInput(t *testing.T) {
 
 func TestFinishStopAfterTextFollowingToolCall(t *testing.T) {
 	m := New(WithDefault(Always(Reply{ToolCall("t", nil), Text("done")})))
-	evs, err := collect(m.Stream(t.Context(), ask("hi")))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), ask("hi")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +148,7 @@ func TestFinishStopAfterTextFollowingToolCall(t *testing.T) {
 func TestFailMidStream(t *testing.T) {
 	boom := errors.New("provider exploded")
 	m := New(WithChunkSize(4), WithDefault(Always(Reply{Text("abcdefgh"), Fail(boom), Text("never")})))
-	evs, err := collect(m.Stream(t.Context(), ask("hi")))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), ask("hi")))
 	if got := kinds(evs); !reflect.DeepEqual(got, []string{"text-delta:abcd", "text-delta:efgh"}) {
 		t.Errorf("events = %q", got)
 	}
@@ -184,7 +173,7 @@ func TestRuleOrder(t *testing.T) {
 		{"Paris?", "weather-in-paris", "never"},
 		{"hello", "catch-all", "HELLO"},
 	} {
-		evs, err := collect(m.Stream(t.Context(), ask(tc.ask)))
+		evs, err := replaytest.Collect(m.Stream(t.Context(), ask(tc.ask)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +238,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 	done := make(chan []model.Event, 1)
 	errc := make(chan error, 1)
 	go func() {
-		evs, err := collect(m.Stream(ctx, ask("hi")))
+		evs, err := replaytest.Collect(m.Stream(ctx, ask("hi")))
 		done <- evs
 		errc <- err
 	}()
@@ -266,7 +255,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 func TestCanceledBeforeStart(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	evs, err := collect(New().Stream(ctx, ask("hi")))
+	evs, err := replaytest.Collect(New().Stream(ctx, ask("hi")))
 	if len(evs) != 0 || !errors.Is(err, context.Canceled) {
 		t.Errorf("events %q, err %v", kinds(evs), err)
 	}
@@ -288,7 +277,7 @@ func TestBreakStops(t *testing.T) {
 
 func TestUsage(t *testing.T) {
 	m := New(WithDefault(Always(Reply{Text("12345678")})))
-	evs, err := collect(m.Stream(t.Context(), ask("abcd")))
+	evs, err := replaytest.Collect(m.Stream(t.Context(), ask("abcd")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +326,7 @@ func TestHelpers(t *testing.T) {
 func TestCallsAreCopies(t *testing.T) {
 	m := New()
 	req := ask("original")
-	if _, err := collect(m.Stream(t.Context(), req)); err != nil {
+	if _, err := replaytest.Collect(m.Stream(t.Context(), req)); err != nil {
 		t.Fatal(err)
 	}
 	req.Messages[0].Content[0].Text = "changed"
@@ -375,7 +364,7 @@ func TestContinuesCutAnswer(t *testing.T) {
 		}(), []string{"text-delta:rld.", "finish:stop"}},
 		{"not a prefix", cut(model.Text("Goodbye")), []string{"reasoning-delta:think", "text-delta:Hello, ", "text-delta:world.", "finish:stop"}},
 	} {
-		evs, err := collect(m.Stream(context.Background(), tc.req))
+		evs, err := replaytest.Collect(m.Stream(context.Background(), tc.req))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -395,7 +384,7 @@ func TestContinuesCutAnswer(t *testing.T) {
 func TestCallsAreBounded(t *testing.T) {
 	m := New(WithMaxCalls(3))
 	for i := range 10 {
-		if _, err := collect(m.Stream(t.Context(), ask(fmt.Sprint(i)))); err != nil {
+		if _, err := replaytest.Collect(m.Stream(t.Context(), ask(fmt.Sprint(i)))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -410,7 +399,7 @@ func TestCallsAreBounded(t *testing.T) {
 		t.Errorf("%d calls held, want at most twice the limit", len(m.calls))
 	}
 	none := New(WithMaxCalls(-1))
-	if _, err := collect(none.Stream(t.Context(), ask("x"))); err != nil {
+	if _, err := replaytest.Collect(none.Stream(t.Context(), ask("x"))); err != nil {
 		t.Fatal(err)
 	}
 	if c := none.Calls(); len(c) != 0 || len(none.calls) != 0 {

@@ -14,10 +14,12 @@ import (
 	"github.com/agentry/agentry/store/postgres"
 )
 
-// outageTable creates the table the outage tests write to: no key, so a
-// transaction committed twice shows as two rows.
-func outageTable(t *testing.T, db *postgres.DB) {
+// outageDB opens a database (default Options) with the table the outage
+// tests write to: no key, so a transaction committed twice shows as two
+// rows.
+func outageDB(t *testing.T) *postgres.DB {
 	t.Helper()
+	db := open(t, postgres.Options{})
 	ctx := context.Background()
 	if err := db.Update(ctx, func(tx store.Tx) error {
 		_, err := tx.Exec(ctx, `CREATE TABLE writes (name TEXT NOT NULL)`)
@@ -25,6 +27,7 @@ func outageTable(t *testing.T, db *postgres.DB) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	return db
 }
 
 func insert(ctx context.Context, db *postgres.DB, name string) error {
@@ -71,8 +74,7 @@ func waitUnavailable(t *testing.T, db *postgres.DB, from int64, done <-chan erro
 // row from before the outage is there.
 func TestUpdateWaitsOutRestart(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, postgres.Options{})
-	outageTable(t, db)
+	db := outageDB(t)
 	if err := insert(ctx, db, "before"); err != nil {
 		t.Fatal(err)
 	}
@@ -116,8 +118,7 @@ func TestUpdateWaitsOutRestart(t *testing.T) {
 // of it is committed.
 func TestRetryLimitGivesUp(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, postgres.Options{})
-	outageTable(t, db)
+	db := outageDB(t)
 	if err := pg.StopServer(false); err != nil {
 		t.Fatal(err)
 	}
@@ -138,8 +139,7 @@ func TestRetryLimitGivesUp(t *testing.T) {
 // and reports success, without running it again.
 func TestLostCommitAnswer(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, postgres.Options{})
-	outageTable(t, db)
+	db := outageDB(t)
 	var lost atomic.Bool
 	postgres.SetCommitFault(db, func(sent bool, err error) error {
 		if sent && err == nil && lost.CompareAndSwap(false, true) {
@@ -169,8 +169,7 @@ func TestLostCommitAnswer(t *testing.T) {
 // transaction was rolled back, so Update runs it again, once.
 func TestCommitCutByServer(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, postgres.Options{})
-	outageTable(t, db)
+	db := outageDB(t)
 	admin, err := pgx.Connect(ctx, pg.AdminURL(t))
 	if err != nil {
 		t.Fatal(err)

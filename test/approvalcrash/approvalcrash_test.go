@@ -39,27 +39,28 @@ func node(t *testing.T, host, room, phase string) {
 	}
 }
 
+// acrossKill runs phase ask of room, kills the server, runs phase answer
+// on a new server over the same data, and stops that one cleanly.
+func acrossKill(t *testing.T, room, ask, answer string) {
+	t.Helper()
+	data := t.TempDir()
+	p := serve(t, data)
+	node(t, p.Host, room, ask)
+	p.Kill()
+	p2 := serve(t, data)
+	node(t, p2.Host, room, answer)
+	p2.Stop()
+}
+
 // TestApprovalAcrossRestart: delete_helper_runs asks for approval; the
 // server is killed; the new server shows it still waiting, and the
 // approval given to it runs the tool and the model's follow-up.
 func TestApprovalAcrossRestart(t *testing.T) {
-	data := t.TempDir()
-	p := serve(t, data)
-	node(t, p.Host, "restart-approval", "ask-approval")
-	p.Kill()
-	p2 := serve(t, data)
-	node(t, p2.Host, "restart-approval", "answer-approval")
-	p2.Stop()
+	acrossKill(t, "restart-approval", "ask-approval", "answer-approval")
 }
 
 // TestClientToolAcrossRestart: get_local_time waits for the client; the
 // server is killed; the output sent to the new server resumes the turn.
 func TestClientToolAcrossRestart(t *testing.T) {
-	data := t.TempDir()
-	p := serve(t, data)
-	node(t, p.Host, "restart-time", "ask-time")
-	p.Kill()
-	p2 := serve(t, data)
-	node(t, p2.Host, "restart-time", "answer-time")
-	p2.Stop()
+	acrossKill(t, "restart-time", "ask-time", "answer-time")
 }

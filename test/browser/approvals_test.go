@@ -6,15 +6,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentry/agentry/internal/testkit/browsertest"
 )
 
 // TestPlaygroundApprovals runs approvals.mjs: the page answers
 // get_local_time, approves a helper's publish_findings inside its panel,
 // and denies and approves delete_helper_runs.
 func TestPlaygroundApprovals(t *testing.T) {
-	requireBrowser(t)
+	browsertest.Require(t)
 	base := serve(t, 5*time.Millisecond, 0)
-	shots := filepath.Join(dir(), "screenshots")
+	shots := filepath.Join(browsertest.Dir(), "screenshots")
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/internal/testkit/browsertest"
 )
 
 // TestPlaygroundShowsMCPRuns: a research run started by an MCP client
@@ -19,7 +20,7 @@ import (
 // as a background run, replayed when the page connects and then live, its
 // progress moving, until it completes.
 func TestPlaygroundShowsMCPRuns(t *testing.T) {
-	requireBrowser(t)
+	browsertest.Require(t)
 	base := serveDemo(t, demo.Options{Models: agentsastools.Offline(5*time.Millisecond, nil), SearchTime: 6 * time.Second})
 	const name = "mcp-playground"
 	c := mcp.NewClient(&mcp.Implementation{Name: "browser-test", Version: "1"}, nil)
@@ -38,7 +39,7 @@ func TestPlaygroundShowsMCPRuns(t *testing.T) {
 		}
 		done <- err
 	}()
-	shots := filepath.Join(dir(), "screenshots")
+	shots := filepath.Join(browsertest.Dir(), "screenshots")
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/agentry/agentry/chat"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/internal/testkit/browsertest"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/mcpclient"
 )
@@ -19,14 +20,14 @@ import (
 // playground shows an MCP tool's call as a tool card, its image as a file
 // part, and approves a call that needs it.
 func TestPlaygroundMCP(t *testing.T) {
-	requireBrowser(t)
+	browsertest.Require(t)
 	testenv.RequireMCP(t)
 	everything := filepath.Join(testenv.MCPDir(), "node_modules", "@modelcontextprotocol", "server-everything", "dist", "index.js")
 	base := serveDemo(t, demo.Options{Models: agentsastools.Offline(time.Millisecond, nil), MCPServers: []mcpclient.Server{{
 		Name: "ev", Command: "node", Args: []string{everything, "stdio"},
 		ToolApproval: map[string]chat.ApprovalFunc{"get-sum": chat.RequireApproval},
 	}}})
-	shots := filepath.Join(dir(), "screenshots")
+	shots := filepath.Join(browsertest.Dir(), "screenshots")
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}

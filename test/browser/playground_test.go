@@ -12,46 +12,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/internal/testkit/browsertest"
 	"github.com/agentry/agentry/store/sqlite"
 )
-
-const chromiumPath = "/usr/bin/chromium"
-
-func dir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Dir(file)
-}
-
-// requireBrowser skips the test when Node, Chromium or playwright-core is
-// missing, except in CI (CI=true), where that is a failure.
-func requireBrowser(t *testing.T) {
-	t.Helper()
-	var missing []string
-	if _, err := exec.LookPath("node"); err != nil {
-		missing = append(missing, "node")
-	}
-	if _, err := os.Stat(chromiumPath); err != nil {
-		missing = append(missing, chromiumPath+" (apt-get install chromium)")
-	}
-	if _, err := os.Stat(filepath.Join(dir(), "node_modules", "playwright-core")); err != nil {
-		missing = append(missing, "test/browser/node_modules (make npm)")
-	}
-	if len(missing) == 0 {
-		return
-	}
-	msg := "browser test needs " + strings.Join(missing, ", ")
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-}
 
 // serve starts the demo server (agents and playground) on 127.0.0.1 with
 // the offline models streaming a chunk every delay and the Researcher's
@@ -126,8 +95,8 @@ func runNode(t *testing.T, timeout time.Duration, script string, args ...string)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", append([]string{script}, args...)...)
-	cmd.Dir = dir()
-	cmd.Env = append(os.Environ(), "CHROMIUM="+chromiumPath, "CHROMIUM_USER_DATA_DIR="+t.TempDir())
+	cmd.Dir = browsertest.Dir()
+	cmd.Env = browsertest.Env(t)
 	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
 	return string(out), err
@@ -138,14 +107,14 @@ func runNode(t *testing.T, timeout time.Duration, script string, args ...string)
 // reports back, a cancelled background run, and Clear. Screenshots go to
 // test/browser/screenshots/.
 func TestPlayground(t *testing.T) {
-	requireBrowser(t)
+	browsertest.Require(t)
 	// The search's three phases 250 ms apart: more than the 200 ms in which
 	// agenttool coalesces progress, so each one reaches the page.
 	fast := serve(t, 5*time.Millisecond, 750*time.Millisecond)
 	// Slow enough that a background run is still searching when the test
 	// presses Cancel.
 	slow := serve(t, 250*time.Millisecond, 10*time.Second)
-	shots := filepath.Join(dir(), "screenshots")
+	shots := filepath.Join(browsertest.Dir(), "screenshots")
 	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +137,7 @@ func TestPlayground(t *testing.T) {
 // reload; a tab without it is refused and asks for it, refuses a wrong
 // one, and works with the right one.
 func TestPlaygroundToken(t *testing.T) {
-	requireBrowser(t)
+	browsertest.Require(t)
 	const token = "browser-s3cret"
 	base := serveDemo(t, demo.Options{Models: agentsastools.Offline(5*time.Millisecond, nil), AuthToken: token})
 	out, err := runNode(t, 2*time.Minute, "token.mjs", base, token, t.TempDir())
@@ -184,11 +153,11 @@ func TestDocsScreenshot(t *testing.T) {
 	if os.Getenv("AGENTRY_DOCS_SCREENSHOT") == "" {
 		t.Skip("set AGENTRY_DOCS_SCREENSHOT=1 to retake docs/playground.png")
 	}
-	requireBrowser(t)
+	browsertest.Require(t)
 	// A quick assistant and slow helpers: the panels are caught mid-stream.
 	fast, slow := agentsastools.Offline(40*time.Millisecond, nil), agentsastools.Offline(250*time.Millisecond, nil)
 	base := serveModels(t, &agentsastools.Models{Assistant: fast.Assistant, Researcher: slow.Researcher, Planner: slow.Planner}, 3*time.Second)
-	png := filepath.Join(dir(), "..", "..", "docs", "playground.png")
+	png := filepath.Join(browsertest.Dir(), "..", "..", "docs", "playground.png")
 	out, err := runNode(t, 4*time.Minute, "docs.mjs", base, png)
 	if err != nil {
 		t.Fatalf("docs.mjs: %v\n%s", err, out)

@@ -13,6 +13,7 @@ import (
 	"github.com/agentry/agentry/diag"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/internal/demo"
+	"github.com/agentry/agentry/internal/testkit/browsertest"
 	"github.com/agentry/agentry/model"
 )
 
@@ -53,7 +54,7 @@ func (m gatedModel) Stream(ctx context.Context, req *model.Request) iter.Seq2[mo
 // get-messages response (taken before the turn ends) until the new socket
 // is connected and the turn has ended, so the order is the same every run.
 func TestPlaygroundReloadAsTurnEnds(t *testing.T) {
-	requireBrowser(t)
+	browsertest.Require(t)
 	const name = "reload"
 	gate := make(chan struct{})
 	offline := agentsastools.Offline(5*time.Millisecond, nil)

@@ -65,17 +65,7 @@ func TestKillAfterAck(t *testing.T) {
 	if now := time.Now(); now.Before(due) {
 		t.Fatalf("schedule fired at %v, before its due time %v", now, due)
 	}
-	if got := string(c.call("get")); got != "15" {
-		t.Fatalf("get() after the schedule fired = %s; want 15", got)
-	}
-	c.close()
-	s.term()
-
-	f = readDB(t, dir, instancePath, id)
-	if f.state != `{"count":15}` || f.schedules != 0 {
-		t.Fatalf("after the fire and a clean shutdown: state %s, %d schedules; want {\"count\":15} and none", f.state, f.schedules)
-	}
-	restartAndCheck(t, dir, 15)
+	checkFired(t, c, s, dir, id)
 }
 
 // TestScheduleDueWhileDown: the schedule comes due while the server is
@@ -106,13 +96,21 @@ func TestScheduleDueWhileDown(t *testing.T) {
 	default:
 		t.Fatalf("after restart past the due time, connect state count = %d; want 5 or 15", count)
 	}
+	checkFired(t, c, s, dir, id)
+}
+
+// checkFired checks, once schedule id fired, that get() answers 15 on c;
+// then it stops s cleanly and checks that the database holds the count and
+// no schedule, and that the next start keeps them.
+func checkFired(t *testing.T, c *client, s *server, dir, id string) {
+	t.Helper()
 	if got := string(c.call("get")); got != "15" {
 		t.Fatalf("get() after the schedule fired = %s; want 15", got)
 	}
 	c.close()
 	s.term()
 
-	f = readDB(t, dir, instancePath, id)
+	f := readDB(t, dir, instancePath, id)
 	if f.state != `{"count":15}` || f.schedules != 0 {
 		t.Fatalf("after the fire and a clean shutdown: state %s, %d schedules; want {\"count\":15} and none", f.state, f.schedules)
 	}

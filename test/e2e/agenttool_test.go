@@ -2,13 +2,11 @@ package e2e
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
-	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/examples/seed"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 )
@@ -21,17 +19,9 @@ import (
 func TestAgentTools(t *testing.T) {
 	env := testenv.Start(t, testenv.Options{
 		Classes: seed.Classes(seed.Options{Delay: 5 * time.Millisecond}),
-		Setup: func(rt *agent.Runtime) error {
-			chat.Configure(rt, chat.Config{})
-			agenttool.Install(rt, agenttool.Options{})
-			return nil
-		},
+		Setup:   withAgentTools,
 	})
-	out := testenv.Node(t, 90*time.Second, "agent-tools.mjs", env.Host, "e2e")
-	t.Log(out)
-	if !strings.Contains(out, "PASS agent-tools") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 90*time.Second, "PASS agent-tools", "agent-tools.mjs", env.Host, "e2e")
 	// The server side agrees: two completed runs under the tool call, and
 	// the guessed child was never created.
 	ctx := context.Background()

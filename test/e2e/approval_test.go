@@ -1,13 +1,9 @@
 package e2e
 
 import (
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/agentry/agentry/agent"
-	"github.com/agentry/agentry/agenttool"
-	"github.com/agentry/agentry/chat"
 	agentsastools "github.com/agentry/agentry/examples/agents-as-tools"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 )
@@ -17,11 +13,7 @@ func startDemo(t *testing.T) *testenv.Env {
 	t.Helper()
 	return testenv.Start(t, testenv.Options{
 		Classes: agentsastools.Classes(agentsastools.Options{Models: agentsastools.Offline(0, nil)}),
-		Setup: func(rt *agent.Runtime) error {
-			chat.Configure(rt, chat.Config{})
-			agenttool.Install(rt, agenttool.Options{})
-			return nil
-		},
+		Setup:   withAgentTools,
 	})
 }
 
@@ -31,11 +23,7 @@ func startDemo(t *testing.T) *testenv.Env {
 // it), and the client tool get_local_time answered with addToolOutput.
 func TestApprovals(t *testing.T) {
 	env := startDemo(t)
-	out := testenv.Node(t, 90*time.Second, "approvals.mjs", env.Host, "e2e")
-	t.Log(out)
-	if !strings.Contains(out, "PASS approvals all") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 90*time.Second, "PASS approvals all", "approvals.mjs", env.Host, "e2e")
 }
 
 // TestChildApprovals runs test/npm/child-approvals.mjs: the Researcher's
@@ -45,11 +33,7 @@ func TestApprovals(t *testing.T) {
 // chat.
 func TestChildApprovals(t *testing.T) {
 	env := startDemo(t)
-	out := testenv.Node(t, 90*time.Second, "child-approvals.mjs", env.Host, "e2e")
-	t.Log(out)
-	if !strings.Contains(out, "PASS child-approvals") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 90*time.Second, "PASS child-approvals", "child-approvals.mjs", env.Host, "e2e")
 }
 
 // TestApprovalsSDKAuto runs approvals.mjs's sdk-auto phase: the AI SDK's
@@ -59,9 +43,5 @@ func TestChildApprovals(t *testing.T) {
 // message.
 func TestApprovalsSDKAuto(t *testing.T) {
 	env := startDemo(t)
-	out := testenv.Node(t, 90*time.Second, "approvals.mjs", env.Host, "sdk-auto", "sdk-auto")
-	t.Log(out)
-	if !strings.Contains(out, "PASS approvals sdk-auto") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 90*time.Second, "PASS approvals sdk-auto", "approvals.mjs", env.Host, "sdk-auto", "sdk-auto")
 }

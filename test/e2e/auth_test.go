@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,11 +25,7 @@ func TestAuthToken(t *testing.T) {
 		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
 		Server:  server.Options{Authorize: server.RequireToken(token)},
 	})
-	out := testenv.Node(t, 60*time.Second, "auth.mjs", env.Host, token, "auth")
-	t.Log(out)
-	if !strings.Contains(out, "PASS auth") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 60*time.Second, "PASS auth", "auth.mjs", env.Host, token, "auth")
 	// Only the admitted client's turn reached the agent.
 	a, err := env.RT.Get(context.Background(), agent.Root("EchoChat", "auth"))
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/agentry/agentry/agent"
+	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
 	"github.com/agentry/agentry/examples/counter"
 	"github.com/agentry/agentry/examples/echochat"
@@ -23,11 +24,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // parent's gate.
 func TestAgentClient(t *testing.T) {
 	env := testenv.Start(t, testenv.Options{Classes: []agent.Class{counter.Class()}})
-	out := testenv.Node(t, 60*time.Second, "agent-client.mjs", env.Host, "e2e")
-	t.Log(out)
-	if !strings.Contains(out, "PASS agent-client") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 60*time.Second, "PASS agent-client", "agent-client.mjs", env.Host, "e2e")
 	ctx := context.Background()
 	parent := agent.Root("Counter", "e2e")
 	for name, want := range map[string]bool{"ok-1": true, "bad-1": false} {
@@ -50,15 +47,8 @@ func TestAgentClient(t *testing.T) {
 // cancel with the partial answer kept, get-messages, clear, and a malformed
 // request.
 func TestChat(t *testing.T) {
-	env := testenv.Start(t, testenv.Options{
-		Classes: []agent.Class{echochat.Class(echochat.Options{Delay: 20 * time.Millisecond})},
-		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
-	})
-	out := testenv.Node(t, 90*time.Second, "chat.mjs", env.Host, "e2e")
-	t.Log(out)
-	if !strings.Contains(out, "PASS chat") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	env := startEcho(t, 20*time.Millisecond)
+	runScript(t, 90*time.Second, "PASS chat", "chat.mjs", env.Host, "e2e")
 }
 
 // TestCounterOneInputAtATime runs test/npm/counter-concurrency.mjs: 20 real
@@ -68,11 +58,7 @@ func TestChat(t *testing.T) {
 // every call saw a different count (the results are exactly 1..200).
 func TestCounterOneInputAtATime(t *testing.T) {
 	env := testenv.Start(t, testenv.Options{Classes: []agent.Class{counter.Class()}})
-	out := testenv.Node(t, 60*time.Second, "counter-concurrency.mjs", env.Host, "concurrency")
-	t.Log(out)
-	if !strings.Contains(out, "PASS counter-concurrency") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 60*time.Second, "PASS counter-concurrency", "counter-concurrency.mjs", env.Host, "concurrency")
 	n, err := env.RT.Call(context.Background(), agent.Root("Counter", "concurrency"), "get")
 	if err != nil || string(n) != "200" {
 		t.Errorf("persisted count = %s, %v; want 200", n, err)
@@ -85,13 +71,37 @@ func TestCounterOneInputAtATime(t *testing.T) {
 // of streaming forever, nothing of the cleared turn is kept, and the next
 // message gets a full answer.
 func TestChatClearDuringTurn(t *testing.T) {
-	env := testenv.Start(t, testenv.Options{
-		Classes: []agent.Class{echochat.Class(echochat.Options{Delay: 50 * time.Millisecond})},
-		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
-	})
-	out := testenv.Node(t, 60*time.Second, "chat-clear.mjs", env.Host, "clear-e2e")
+	env := startEcho(t, 50*time.Millisecond)
+	runScript(t, 60*time.Second, "PASS chat-clear", "chat-clear.mjs", env.Host, "clear-e2e")
+}
+
+// runScript runs the npm script with args against a test server, within
+// limit, logs what it printed and fails the test unless it printed pass.
+// It returns what the script printed.
+func runScript(t *testing.T, limit time.Duration, pass, script string, args ...string) string {
+	t.Helper()
+	out := testenv.Node(t, limit, script, args...)
 	t.Log(out)
-	if !strings.Contains(out, "PASS chat-clear") {
+	if !strings.Contains(out, pass) {
 		t.Fatalf("script did not pass:\n%s", out)
 	}
+	return out
+}
+
+// withAgentTools is the Setup of a test server that runs chat agents with
+// agent tools.
+func withAgentTools(rt *agent.Runtime) error {
+	if err := chat.Configure(rt, chat.Config{}); err != nil {
+		return err
+	}
+	return agenttool.Install(rt, agenttool.Options{})
+}
+
+// startEcho serves EchoChat streaming a chunk every delay.
+func startEcho(t *testing.T, delay time.Duration) *testenv.Env {
+	t.Helper()
+	return testenv.Start(t, testenv.Options{
+		Classes: []agent.Class{echochat.Class(echochat.Options{Delay: delay})},
+		Setup:   func(rt *agent.Runtime) error { return chat.Configure(rt, chat.Config{}) },
+	})
 }

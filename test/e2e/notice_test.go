@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -88,11 +87,7 @@ func TestNoticeDuringTurnAfterReply(t *testing.T) {
 			Callable: []string{"notice", "finish"}, Public: true}},
 		Setup: func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
 	})
-	out := testenv.Node(t, 60*time.Second, "notice.mjs", env.Host, "notice-e2e")
-	t.Log(out)
-	if !strings.Contains(out, "PASS notice") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 60*time.Second, "PASS notice", "notice.mjs", env.Host, "notice-e2e")
 	a, err := env.RT.Get(context.Background(), agent.Root("NoticeChat", "notice-e2e"))
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -106,17 +105,9 @@ func TestDetachedProgress(t *testing.T) {
 			{Name: "ProgParent", New: func() agent.Agent { return &progParent{steps: steps} }, Callable: []string{"start", "step"}, Public: true},
 			{Name: "ProgWorker", New: func() agent.Agent { return &progWorker{steps: steps} }},
 		},
-		Setup: func(rt *agent.Runtime) error {
-			chat.Configure(rt, chat.Config{})
-			agenttool.Install(rt, agenttool.Options{})
-			return nil
-		},
+		Setup: withAgentTools,
 	})
-	out := testenv.Node(t, 90*time.Second, "progress.mjs", env.Host, "e2e")
-	t.Log(out)
-	if !strings.Contains(out, "PASS progress") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 90*time.Second, "PASS progress", "progress.mjs", env.Host, "e2e")
 	ctx := context.Background()
 	parent, err := env.RT.Get(ctx, agent.Root("ProgParent", "e2e"))
 	if err != nil {

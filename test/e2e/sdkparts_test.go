@@ -31,18 +31,25 @@ type sdkChat struct {
 func (a *sdkChat) ChatModel() model.Model { return a.m }
 func (a *sdkChat) Tools() []chat.Tool     { return a.tools }
 
-// fakeOpenAI is a local OpenAI-compatible server that answers every chat
-// completion with "A single dot." and keeps the request bodies.
-type fakeOpenAI struct {
+// requests keeps the bodies of the requests a fake provider received.
+type requests struct {
 	mu     sync.Mutex
 	bodies []string
 }
 
-func (f *fakeOpenAI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (q *requests) record(r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
-	f.mu.Lock()
-	f.bodies = append(f.bodies, string(b))
-	f.mu.Unlock()
+	q.mu.Lock()
+	q.bodies = append(q.bodies, string(b))
+	q.mu.Unlock()
+}
+
+// fakeOpenAI is a local OpenAI-compatible server that answers every chat
+// completion with "A single dot." and keeps the request bodies.
+type fakeOpenAI struct{ requests }
+
+func (f *fakeOpenAI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.record(r)
 	w.Header().Set("Content-Type", "text/event-stream")
 	for _, ev := range []string{
 		`{"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-test","choices":[{"index":0,"delta":{"role":"assistant","content":"A single dot."},"finish_reason":null}]}`,
@@ -55,16 +62,10 @@ func (f *fakeOpenAI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // fakeAnthropic is a local Anthropic Messages server that answers every
 // request with "A PDF." and keeps the request bodies.
-type fakeAnthropic struct {
-	mu     sync.Mutex
-	bodies []string
-}
+type fakeAnthropic struct{ requests }
 
 func (f *fakeAnthropic) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	b, _ := io.ReadAll(r.Body)
-	f.mu.Lock()
-	f.bodies = append(f.bodies, string(b))
-	f.mu.Unlock()
+	f.record(r)
 	w.Header().Set("Content-Type", "text/event-stream")
 	for _, ev := range [][2]string{
 		{"message_start", `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[],"stop_reason":null,"usage":{"input_tokens":25,"output_tokens":1}}}`},
@@ -122,11 +123,7 @@ func TestSDKParts(t *testing.T) {
 		Classes: []agent.Class{class("CountChat", count), class("FileChat", gpt), class("ClaudeChat", claude), class("PartsChat", parts, report)},
 		Setup:   func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
 	})
-	out := testenv.Node(t, 60*time.Second, "sdk-parts.mjs", env.Host)
-	t.Log(out)
-	if !strings.Contains(out, "PASS sdk-parts") {
-		t.Fatalf("script did not pass:\n%s", out)
-	}
+	runScript(t, 60*time.Second, "PASS sdk-parts", "sdk-parts.mjs", env.Host)
 	fake.mu.Lock()
 	defer fake.mu.Unlock()
 	const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="

@@ -249,12 +249,7 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			}
 			return rows.Err()
 		})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(out)
+		writeJSON(w, out, err)
 		return
 	}
 	if f.serveRemoteOps(ctx, w, r) {
@@ -270,8 +265,7 @@ func (f *Fan) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		return
 	}
 	statuses := f.fanOut(ctx, n, r.URL.Query().Get("tag"))
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(statuses)
+	writeJSON(w, statuses, nil)
 }
 
 // FanOut is the callable fanOut(n, tag): the fan-out of OnRequest over
@@ -397,12 +391,7 @@ func (f *Fan) serveRemoteOps(ctx context.Context, w http.ResponseWriter, r *http
 	default:
 		return false
 	}
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return true
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(out)
+	writeJSON(w, out, err)
 	return true
 }
 
@@ -472,4 +461,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(1)
 	}
+}
+
+// writeJSON answers out as JSON, or err (when not nil) as an internal
+// server error.
+func writeJSON(w http.ResponseWriter, out any, err error) {
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -105,12 +104,7 @@ func (k *Ticker) OnRequest(ctx context.Context, w http.ResponseWriter, r *http.R
 			}
 			return rows.Err()
 		})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(out)
+		writeJSON(w, out, err)
 	default:
 		http.NotFound(w, r)
 	}
