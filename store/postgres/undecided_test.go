@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/agentry/agentry/store"
-	"github.com/agentry/agentry/store/postgres"
 )
 
 // TestUndecidedFenceIsWaitedOut: a fence that cannot decide yet (its
@@ -21,8 +20,7 @@ import (
 // moment later (TestPostgresRestartDuringFanOut, a run ended aborted).
 func TestUndecidedFenceIsWaitedOut(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, postgres.Options{})
-	outageTable(t, db)
+	db := outageDB(t)
 	var checks atomic.Int32
 	fctx := store.WithFence(ctx, func(ctx context.Context, tx store.Tx) error {
 		if checks.Add(1) <= 2 {
@@ -47,8 +45,7 @@ func TestUndecidedFenceIsWaitedOut(t *testing.T) {
 // final refusal (no ErrUndecided) is returned at once.
 func TestUndecidedFenceRetryLimit(t *testing.T) {
 	ctx := context.Background()
-	db := open(t, postgres.Options{})
-	outageTable(t, db)
+	db := outageDB(t)
 	errLapsed := errors.New("test fence: lapsed")
 	fctx := store.WithFence(store.WithRetryLimit(ctx, 100*time.Millisecond), func(ctx context.Context, tx store.Tx) error {
 		return fmt.Errorf("%w: %w", errLapsed, store.ErrUndecided)
