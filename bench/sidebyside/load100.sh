@@ -14,7 +14,9 @@
 #   ROUNDS=1 DURATION=30s bench/sidebyside/load100.sh
 #
 # Knobs (environment): ROUNDS (2), USERS (100), DURATION (2m), THINK (1s),
-# MIX (research=4,fanout=2,reconnect=1: the actions npm-user.mjs runs),
+# MIX (research=4,fanout=2,reconnect=1: the actions npm-user.mjs runs), NPM_SHARE (1:
+# every user the npm clients; 0: every user bench/load's Go client, which speaks the same
+# frames and drives the reference unchanged: the servers' side with a cheap client),
 # REF_VIA (direct: the npm clients reach workerd's own socket; proxy:
 # wrangler's port, which adds its proxy's hop), WORK (${TMPDIR:-/tmp}/agentry-perf,
 # shared with run.sh: the reference's `npm ci` is kept there), RUN
@@ -31,7 +33,7 @@ if ! grep -q '^module github.com/agentry/agentry$' "$CHECKOUT/go.mod" 2>/dev/nul
   echo "load100.sh: $CHECKOUT is not a checkout of github.com/agentry/agentry" >&2; exit 2
 fi
 ROUNDS=${ROUNDS:-2} USERS=${USERS:-100} DURATION=${DURATION:-2m} THINK=${THINK:-1s}
-MIX=${MIX:-research=4,fanout=2,reconnect=1} REF_VIA=${REF_VIA:-direct}
+MIX=${MIX:-research=4,fanout=2,reconnect=1} REF_VIA=${REF_VIA:-direct} NPM_SHARE=${NPM_SHARE:-1}
 WORK=${WORK:-${TMPDIR:-/tmp}/agentry-perf}
 RUN=${RUN:-$WORK/load100-$(date +%Y%m%d-%H%M%S)}
 AG_PORT=${AG_PORT:-18821} DBG_PORT=${DBG_PORT:-18822} WR_PORT=${WR_PORT:-18823} INSP_PORT=${INSP_PORT:-18824}
@@ -137,7 +139,7 @@ load() {
   sleep 3 # let start-up settle
   echo "$(cut -d' ' -f1-3 /proc/loadavg)" >"$RUN/loadavg-$tag"
   log "load $tag ($side, $url) load average $(cat "$RUN/loadavg-$tag")"
-  "$RUN/build/load" -url "$url" -pid "$pid" -data "$data" "${extra[@]}" -npm-share 1 -npm-dir "$CHECKOUT/test/npm" \
+  "$RUN/build/load" -url "$url" -pid "$pid" -data "$data" "${extra[@]}" -npm-share "$NPM_SHARE" -npm-dir "$CHECKOUT/test/npm" \
     -users "$USERS" -duration "$DURATION" -think "$THINK" -mix "$MIX" -prefix "load100-$tag" \
     >"$RUN/load-$tag.txt" 2>"$RUN/load-$tag.err"
   rc=$?
@@ -174,7 +176,7 @@ row() { # $1 tag
           printf "%s %s %s %s %s %s %s %s %s %s %s %s %s\n", tag, side, la, r, t, fp50, fp99, ep50, ep99, rss, cpu, errs, chk }' "$f"
 }
 {
-  echo "load100: $USERS users (all npm clients), $DURATION a round, mix $MIX, think $THINK, reference via $REF_VIA; $(nproc) cores; commit $(git -C "$CHECKOUT" rev-parse --short HEAD 2>/dev/null)"
+  echo "load100: $USERS users (npm share $NPM_SHARE), $DURATION a round, mix $MIX, think $THINK, reference via $REF_VIA; $(nproc) cores; commit $(git -C "$CHECKOUT" rev-parse --short HEAD 2>/dev/null)"
   printf "%-5s %-9s %6s %7s %8s %9s %9s %9s %9s %8s %6s %6s %s\n" round side load1 runs/s turns/s first-p50 first-p99 end-p50 end-p99 rss-MiB cpu% errors check
   for r in $(seq 1 "$ROUNDS"); do for s in a r; do
     row "$s$r" | awk '{ printf "%-5s %-9s %6s %7s %8s %9s %9s %9s %9s %8s %6s %6s %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 }'
