@@ -10,8 +10,9 @@
 # transcript check and the load average; then the ratios (Agentry ÷
 # reference for runs/s and turns/s, reference ÷ Agentry for the p99s).
 #
-#   bench/sidebyside/load100.sh                 # 2 rounds each, 2 min a round: about 12 minutes
+#   bench/sidebyside/load100.sh                 # 2 rounds each, 2 min a round: about 30 minutes
 #   ROUNDS=1 DURATION=30s bench/sidebyside/load100.sh
+#   bench/sidebyside/load100.sh --summary RUN  # the table and ratios of a finished run again
 #
 # Knobs (environment): ROUNDS (2), USERS (100), DURATION (2m), THINK (1s),
 # MIX (research=4,fanout=2,reconnect=1: the actions npm-user.mjs runs), NPM_SHARE (1:
@@ -29,6 +30,56 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CHECKOUT=$(cd "$HERE/../.." && pwd)
 . "$HERE/lib.sh"
+# ---- 4. table and ratios (load100.sh --summary RUN prints them again) ----
+# One line per round: tag side load1 (window start→end) runs/s turns/s first-p50 first-p99 end-p50 end-p99 rss-MiB cpu% errors
+# check (ok or PROBLEMS, and how many transcripts were read: an npm user still running when the
+# drain's bound ends is killed, and its transcript is not read)
+row() { # $1 tag
+  local f=$RUN/load-$1.txt
+  [ -s "$f" ] || { echo "$1 - - - - - - - - - - - missing"; return; }
+  awk -v tag="$1" '
+    /^load average before:/ { la = $4 }
+    /^load average after:/ { lb = $4 }
+    /window:/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "turns/s,") t = $i; if ($(i+1) == "child" && $(i+2) == "runs/s") r = $i } }
+    /^first chunk:/ { fp50 = $4; fp99 = $10 }
+    /^end of turn:/ { ep50 = $5; ep99 = $11 }
+    /^server RSS: peak/ { rss = $4 }
+    /^server CPU:/ { cpu = $5; sub(/\(/, "", cpu) }
+    /^errors: none/ { errs = 0 }
+    /^errors:$/ { inerr = 1; errs = 0; next }
+    inerr && /^  / { if (match($0, /[0-9]+  e\.g\. /)) errs += substr($0, RSTART, RLENGTH - 7) + 0; next }
+    inerr { inerr = 0 }
+    /^transcripts:/ { chk = (($0 ~ /nothing lost, nothing doubled/) ? "ok," : "PROBLEMS,") $2 "-read" }
+    END { side = (tag ~ /^a/) ? "agentry" : "reference"
+          printf "%s %s %s→%s %s %s %s %s %s %s %s %s %s %s\n", tag, side, la, lb, r, t, fp50, fp99, ep50, ep99, rss, cpu, errs, chk }' "$f"
+}
+summary() {
+  if [ -n "${summary_only:-}" ]; then echo "load100: $(head -1 "$RUN/load-a1.txt" | sed 's/^load: //')"
+  else echo "load100: $USERS users (npm share $NPM_SHARE), $DURATION a round, mix $MIX, think $THINK, reference via $REF_VIA; $(nproc) cores; commit $(git -C "$CHECKOUT" rev-parse --short HEAD 2>/dev/null)"; fi
+  printf "%-5s %-9s %13s %7s %8s %9s %9s %9s %9s %8s %6s %6s %s\n" round side load1-window runs/s turns/s first-p50 first-p99 end-p50 end-p99 rss-MiB cpu% errors check
+  for r in $(seq 1 "$ROUNDS"); do for s in a r; do
+    row "$s$r" | awk '{ printf "%-5s %-9s %13s %7s %8s %9s %9s %9s %9s %8s %6s %6s %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 }'
+  done; done
+  for r in $(seq 1 "$ROUNDS"); do row "a$r"; row "r$r"; done | awk '
+    function ratio(x, y) { return y > 0 && x > 0 ? sprintf("%.2fx", x / y) : (x > 0 ? "unbounded (0 on the other side)" : "n/a") }
+    $4 != "-" { s = $2; n[s]++; runs[s] += $4; turns[s] += $5; fp99[s] += $7; ep99[s] += $9; fp50[s] += $6; ep50[s] += $8 }
+    END {
+      if (!n["agentry"] || !n["reference"]) { print "ratios: a side has no rounds"; exit }
+      a = "agentry"; r = "reference"
+      printf "mean: agentry %.1f runs/s, %.1f turns/s, first chunk p99 %.0f ms, end of turn p99 %.0f ms\n", runs[a]/n[a], turns[a]/n[a], fp99[a]/n[a], ep99[a]/n[a]
+      printf "mean: reference %.1f runs/s, %.1f turns/s, first chunk p99 %.0f ms, end of turn p99 %.0f ms\n", runs[r]/n[r], turns[r]/n[r], fp99[r]/n[r], ep99[r]/n[r]
+      # A side with no turn in the window has no latency, and the reference
+      # with no run in it an unbounded throughput ratio: say so.
+      printf "ratios (agentry/reference for throughput, reference/agentry for latency): runs/s %s, turns/s %s, first chunk p50 %s, p99 %s, end of turn p50 %s, p99 %s\n",
+        ratio(runs[a], runs[r]), ratio(turns[a], turns[r]), ratio(fp50[r], fp50[a]), ratio(fp99[r], fp99[a]), ratio(ep50[r], ep50[a]), ratio(ep99[r], ep99[a])
+      if (turns[r] == 0) print "the reference ended no turn in any window: its latencies are unknown (longer than the turns it timed out), its throughput 0"
+    }'
+}
+if [ "${1:-}" = --summary ]; then
+  summary_only=1 RUN=${2:?usage: load100.sh --summary RUN}
+  ROUNDS=$(find "$RUN" -maxdepth 1 -name 'load-a*.txt' | wc -l)
+  summary; exit 0
+fi
 if ! grep -q '^module github.com/agentry/agentry$' "$CHECKOUT/go.mod" 2>/dev/null; then
   echo "load100.sh: $CHECKOUT is not a checkout of github.com/agentry/agentry" >&2; exit 2
 fi
@@ -156,42 +207,6 @@ for r in $(seq 1 "$ROUNDS"); do
   stop_group "$WPID"; WPID=; rm -rf "$CHAT/.wrangler"
 done
 
-# ---- 4. table and ratios ----
-# One line per round: tag side load1 runs/s turns/s first-p50 first-p99 end-p50 end-p99 rss-MiB cpu% errors check
-row() { # $1 tag
-  local f=$RUN/load-$1.txt
-  [ -s "$f" ] || { echo "$1 - - - - - - - - - - - missing"; return; }
-  awk -v tag="$1" -v la="$(cut -d' ' -f1 "$RUN/loadavg-$1")" '
-    /window:/ { for (i = 1; i <= NF; i++) { if ($(i+1) == "turns/s,") t = $i; if ($(i+1) == "child" && $(i+2) == "runs/s") r = $i } }
-    /^first chunk:/ { fp50 = $4; fp99 = $10 }
-    /^end of turn:/ { ep50 = $5; ep99 = $11 }
-    /^server RSS: peak/ { rss = $4 }
-    /^server CPU:/ { cpu = $5; sub(/\(/, "", cpu) }
-    /^errors: none/ { errs = 0 }
-    /^errors:$/ { inerr = 1; errs = 0; next }
-    inerr && /^  / { if (match($0, /[0-9]+  e\.g\. /)) errs += substr($0, RSTART, RLENGTH - 7) + 0; next }
-    inerr { inerr = 0 }
-    /^transcripts:/ { chk = ($0 ~ /nothing lost, nothing doubled/) ? "ok" : "PROBLEMS" }
-    END { side = (tag ~ /^a/) ? "agentry" : "reference"
-          printf "%s %s %s %s %s %s %s %s %s %s %s %s %s\n", tag, side, la, r, t, fp50, fp99, ep50, ep99, rss, cpu, errs, chk }' "$f"
-}
-{
-  echo "load100: $USERS users (npm share $NPM_SHARE), $DURATION a round, mix $MIX, think $THINK, reference via $REF_VIA; $(nproc) cores; commit $(git -C "$CHECKOUT" rev-parse --short HEAD 2>/dev/null)"
-  printf "%-5s %-9s %6s %7s %8s %9s %9s %9s %9s %8s %6s %6s %s\n" round side load1 runs/s turns/s first-p50 first-p99 end-p50 end-p99 rss-MiB cpu% errors check
-  for r in $(seq 1 "$ROUNDS"); do for s in a r; do
-    row "$s$r" | awk '{ printf "%-5s %-9s %6s %7s %8s %9s %9s %9s %9s %8s %6s %6s %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13 }'
-  done; done
-  for r in $(seq 1 "$ROUNDS"); do row "a$r"; row "r$r"; done | awk '
-    $4 != "-" { s = $2; n[s]++; runs[s] += $4; turns[s] += $5; fp99[s] += $7; ep99[s] += $9; fp50[s] += $6; ep50[s] += $8 }
-    END {
-      if (!n["agentry"] || !n["reference"]) { print "ratios: a side has no rounds"; exit }
-      a = "agentry"; r = "reference"
-      printf "mean: agentry %.1f runs/s, %.1f turns/s, first chunk p99 %.0f ms, end of turn p99 %.0f ms\n", runs[a]/n[a], turns[a]/n[a], fp99[a]/n[a], ep99[a]/n[a]
-      printf "mean: reference %.1f runs/s, %.1f turns/s, first chunk p99 %.0f ms, end of turn p99 %.0f ms\n", runs[r]/n[r], turns[r]/n[r], fp99[r]/n[r], ep99[r]/n[r]
-      printf "ratios (agentry/reference for throughput, reference/agentry for latency): runs/s %.2fx, turns/s %.2fx, first chunk p50 %.2fx, p99 %.2fx, end of turn p50 %.2fx, p99 %.2fx\n",
-        (runs[a]/n[a]) / (runs[r]/n[r]), (turns[a]/n[a]) / (turns[r]/n[r]),
-        (fp50[r]/n[r]) / (fp50[a]/n[a]), (fp99[r]/n[r]) / (fp99[a]/n[a]), (ep50[r]/n[r]) / (ep50[a]/n[a]), (ep99[r]/n[r]) / (ep99[a]/n[a])
-    }'
-} | tee "$RUN/summary.txt"
+summary | tee "$RUN/summary.txt"
 log "everything is in $RUN"
 exit $FAILED
