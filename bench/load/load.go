@@ -24,6 +24,9 @@ import (
 	"github.com/agentry/agentry/internal/proccpu"
 )
 
+// npmBootTimeout bounds the wait for the npm users to be ready.
+const npmBootTimeout = 5 * time.Minute
+
 // gen is one run of the generator.
 type gen struct {
 	cfg Config
@@ -127,6 +130,18 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 		}
 		defer st.close()
 	}
+	// The npm users start first and the window once they are up: their
+	// node processes' start-up is not measured.
+	procs, stopProcs := context.WithCancel(ctx)
+	defer stopProcs()
+	npm := startNPM(procs, g, nNPM, logger)
+	if nNPM > 0 {
+		t0 := time.Now()
+		bootCtx, cancel := context.WithTimeout(ctx, npmBootTimeout)
+		n := npm.waitReady(bootCtx)
+		cancel()
+		logger.Printf("%d of %d npm users ready in %s", n, nNPM, time.Since(t0).Round(time.Millisecond))
+	}
 	rep := &Report{}
 	rep.Load[0] = loadavg()
 	smp := startSampler(cfg.PIDs, cfg.Serve, cfg.Debug, g.hc)
@@ -140,6 +155,8 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	// Work in flight at the end of the run finishes, within this bound.
 	workCtx, stopWork := context.WithTimeout(ctx, cfg.Duration+cfg.TurnTimeout+30*time.Second)
 	defer stopWork()
+	stopAfter := context.AfterFunc(workCtx, stopProcs)
+	defer stopAfter()
 	var wg sync.WaitGroup
 	for i, u := range users {
 		wg.Add(1)
@@ -151,7 +168,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 			u.loop(runCtx, workCtx)
 		}()
 	}
-	npm := startNPM(runCtx, workCtx, g, nNPM, logger)
+	npm.start()
 	var heavy *heavyUser
 	if cfg.Heavy > 0 {
 		heavy = startHeavy(runCtx, workCtx, g, cfg.URLs[0], cfg.Heavy)

@@ -66,6 +66,11 @@ func TestSmoke(t *testing.T) {
 	if npmShare > 0 && rep.NPMUsers != 1 {
 		t.Errorf("%d npm users, want 1", rep.NPMUsers)
 	}
+	// The npm user started its actions once the window opened, and its
+	// transcript was checked.
+	if npm := rep.Actions["npm research"] + rep.Actions["npm fanout"] + rep.Actions["npm reconnect"]; npmShare > 0 && npm == 0 {
+		t.Errorf("the npm user did no turn: actions %v", rep.Actions)
+	}
 }
 
 // TestCheckTranscript shows that the final check catches what it is for:

@@ -64,7 +64,9 @@
 // SDK's chat, run by npm-user.mjs in test/npm under node): they run the
 // research, fanout and reconnect actions against their own instances and
 // their transcripts go through the same check, so the frames of the Go
-// users are proven against theirs on the same server.
+// users are proven against theirs on the same server. Their node processes
+// start before the window (a few at a time, each opening its tab), and the
+// window starts once every one is up, so their start-up is not measured.
 //
 // The exit status is 1 when any error other than a documented refusal
 // occurred or the transcript check failed.

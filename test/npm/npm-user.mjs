@@ -5,7 +5,11 @@
 // (tool-events.mjs), against the demo Assistant instance argv[3] of the
 // server at argv[2] (host:port). For argv[4] milliseconds it repeats, with
 // argv[5] ms between actions, an action drawn from the weights argv[6]
-// ("research=4,fanout=2,reconnect=1"; other actions count as research):
+// ("research=4,fanout=2,reconnect=1"; other actions count as research),
+// argv[7] seeding its choices. With argv[8] "wait" it first opens its tab,
+// prints {"ready":true} and waits for a line on stdin: its argv[4]
+// milliseconds count from that line (bench/load starts its window once
+// every npm user is up, so the node processes' start-up is not measured):
 //   research   "research <topic>", then its run's events reach completed;
 //   fanout     "compare A, B and C", then its three runs' events do;
 //   reconnect  a research turn whose tab is closed after its first chunk; a
@@ -14,12 +18,15 @@
 //   {"turn":{"action":"…","first":ms,"end":ms,"runs":n}}
 //   {"error":{"kind":"…","message":"…"}}
 //   {"done":{"sent":[user message ids],"answers":[assistant message ids]}}
+//   {"ready":true}   (with "wait")
 // and exits 0 once the last action ended (errors are reported, not thrown).
-import { connect, useAgentChat, textOf } from "./use-agent-chat.mjs";
+import { AgentClient } from "agents/client";
+import WebSocket from "ws";
+import { useAgentChat, textOf } from "./use-agent-chat.mjs";
 import { useAgentToolEvents } from "./tool-events.mjs";
 
-const [host, name, durationArg, thinkArg, mixArg = "research=1", seedArg = "1"] = process.argv.slice(2);
-const deadline = Date.now() + Number(durationArg);
+const [host, name, durationArg, thinkArg, mixArg = "research=1", seedArg = "1", startArg = ""] = process.argv.slice(2);
+let deadline = Date.now() + Number(durationArg);
 const think = Number(thinkArg);
 const limit = 120000;
 const out = (o) => process.stdout.write(JSON.stringify(o) + "\n");
@@ -56,10 +63,13 @@ const getMessages = async () => {
 };
 
 // A tab: an AgentClient with useAgentChat and useAgentToolEvents on it,
-// and a log of the chat response frames it received.
+// and a log of the chat response frames it received. The listeners are
+// there before the socket opens, as the hooks' are in a page: the frames a
+// server sends on connect (the agent-tool events' replay) come in the same
+// read as the one that makes the client ready.
 let tabs = 0;
 async function openTab() {
-  const agent = await connect(host, "Assistant", name);
+  const agent = new AgentClient({ agent: "Assistant", name, host, WebSocket });
   const tools = useAgentToolEvents(agent);
   const responses = [];
   let onResponse = () => {};
@@ -71,6 +81,7 @@ async function openTab() {
       onResponse(d);
     }
   });
+  await agent.ready;
   const { chat } = useAgentChat(agent, "tab" + ++tabs, { messages: await getMessages() });
   return { agent, tools, chat, responses, setOnResponse: (f) => { onResponse = f; } };
 }
@@ -79,7 +90,31 @@ const timeout = (p, what) => Promise.race([p, new Promise((_, rej) => setTimeout
 
 const sent = [];
 const answers = [];
-let tab = await openTab();
+let tab;
+try {
+  tab = await openTab();
+} catch (e) {
+  out({ error: { kind: "npm dial", message: String(e?.message ?? e) } });
+  out({ done: { sent, answers } });
+  process.exit(0);
+}
+if (startArg === "wait") {
+  out({ ready: true });
+  await new Promise((resolve) => {
+    let buf = "";
+    const onData = (d) => {
+      buf += d;
+      if (!buf.includes("\n")) return;
+      process.stdin.off("data", onData);
+      process.stdin.pause();
+      resolve();
+    };
+    process.stdin.setEncoding("utf8");
+    process.stdin.on("data", onData);
+    process.stdin.on("end", resolve);
+  });
+  deadline = Date.now() + Number(durationArg);
+}
 let n = 0;
 
 async function turn(action) {
