@@ -31,6 +31,7 @@ fuzz:
 # faults is the long form of the fault suite (docs/faults.md): each fault
 # test FAULTS_COUNT times. Its counts go in RELIABILITY.md.
 FAULTS_COUNT ?= 20
+faults: export AGENTRY_FAULTS = 1
 faults:
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^(TestUpdateWaitsOutRestart|TestLostCommitAnswer|TestCommitCutByServer|TestRetryLimitGivesUp)$$' ./store/postgres
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^TestFullDiskWaitsAndRecovers$$' ./store/sqlite
