@@ -66,10 +66,9 @@ func AppendString(b []byte, s string) []byte {
 
 // AppendRaw appends raw as encoding/json writes a json.RawMessage: null
 // when nil, otherwise validated and compacted, with HTML-safe escaping
-// (<, >, & and U+2028, U+2029 as \u escapes). Raw JSON that is compact and
-// holds none of those characters is appended as it is, after validation;
-// other raw JSON is rewritten in one pass into b, without a buffer of its
-// own.
+// (<, >, & and U+2028, U+2029 as \u escapes), in one pass into b without a
+// buffer of its own (compact raw JSON with none of those characters is
+// appended in one piece).
 func AppendRaw(b []byte, raw json.RawMessage) ([]byte, error) {
 	if raw == nil {
 		return append(b, "null"...), nil
@@ -82,38 +81,7 @@ func AppendRaw(b []byte, raw json.RawMessage) ([]byte, error) {
 		}
 		return append(b, v...), nil
 	}
-	if isCompactSafe(raw) {
-		return append(b, raw...), nil
-	}
 	return appendCompactSafe(b, raw), nil
-}
-
-// isCompactSafe reports whether valid JSON raw has no space outside its
-// strings and none of the characters HTML-safe escaping changes.
-func isCompactSafe(raw []byte) bool {
-	inString, escaped := false, false
-	for i, c := range raw {
-		switch {
-		case c == '<' || c == '>' || c == '&':
-			return false
-		case c == 0xE2 && i+2 < len(raw) && raw[i+1] == 0x80 && raw[i+2]&^1 == 0xA8:
-			return false
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == '"':
-			inString = true
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
-			return false
-		}
-	}
-	return true
 }
 
 // appendCompactSafe appends valid JSON raw without the spaces outside its
