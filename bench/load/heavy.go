@@ -115,6 +115,11 @@ func startHeavy(ctx, work context.Context, g *gen, base string, n int) *heavyUse
 			for k, v := range st {
 				h.res.Statuses[k] += v
 			}
+			if st["completed"] != n {
+				// A run that did not complete is an error of the load,
+				// not only a count in its line.
+				g.rec.fail("heavy", fmt.Errorf("heavy fan-out of %d: runs by status %v", n, st))
+			}
 		}
 	}()
 	return h
