@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,6 +70,7 @@ type rtOptions struct {
 	// defaults.
 	maxCalls, maxInstances int
 	place                  agent.Placement // nil: a single node
+	log                    *slog.Logger    // nil: slog.Default()
 }
 
 // newRuntime opens the DB and creates the runtime without starting it, so a
@@ -88,7 +90,7 @@ func newRuntime(t testing.TB, o rtOptions) *rtEnv {
 	sdb := teststore.Open(t, &pg, o.dir)
 	db := &notifyDB{DB: sdb, changed: make(chan struct{}, 1)}
 	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: o.clock, IdleTimeout: o.idle,
-		MaxCallsPerConn: o.maxCalls, MaxInstances: o.maxInstances, Placement: o.place})
+		MaxCallsPerConn: o.maxCalls, MaxInstances: o.maxInstances, Placement: o.place, Logger: o.log})
 	if err != nil {
 		sdb.Close()
 		t.Fatal(err)

@@ -493,7 +493,8 @@ func (s *scheduler) run(sc Schedule, key string) {
 		next = rt.clock.Now().Add(sc.Interval)
 	}
 	var db store.DB = rt.db
-	if path, perr := ParsePath(key); perr == nil {
+	path, perr := ParsePath(key)
+	if perr == nil {
 		// Fenced: a node that lost the instance meanwhile leaves the row
 		// to its new owner, which fires it again (at least once).
 		db = rt.dbFor(path)
@@ -507,7 +508,14 @@ func (s *scheduler) run(sc Schedule, key string) {
 		}
 		return err
 	})
-	if err != nil && ctx.Err() == nil {
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case perr == nil && !rt.Owns(path):
+		// The instance moved to another node during the call (a hand-over
+		// or a lost lease): the row is its new owner's now, which fires
+		// the schedule again. Expected during a hand-over, so not an error.
+		rt.log.Info("scheduler: schedule left to the instance's new owner", "id", sc.ID, "agent", key, "err", err)
+	default:
 		rt.log.Error("scheduler: finish schedule", "id", sc.ID, "err", err)
 	}
 	// After the row's update: an observer of "fire" sees the schedule as

@@ -2,12 +2,17 @@ package agent_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/diag"
+	"github.com/agentry/agentry/store"
 )
 
 // ScheduleAfter and ScheduleAt fire the named method with the payload when
@@ -315,5 +320,85 @@ func TestScheduleDueWhileStoppedFiresOnceOnRestart(t *testing.T) {
 				t.Fatalf("extra fire event %+v", e)
 			}
 		}
+	}
+}
+
+// movingPlacement owns every instance until the first write fenced after
+// moveAtNextFence was set: that write is refused, as a node's is when the
+// instance's shard has just moved to another node, and from then on the
+// node owns nothing.
+type movingPlacement struct {
+	mu       sync.Mutex
+	armed    bool
+	moved    bool
+	refusals int
+}
+
+var errMoved = errors.New("the shard moved to another node")
+
+func (m *movingPlacement) moveAtNextFence() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.armed = true
+}
+
+func (m *movingPlacement) Owns(agent.Path) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.moved
+}
+
+func (m *movingPlacement) Epoch(agent.Path) (int64, bool) { return 1, true }
+
+func (m *movingPlacement) Fence(ctx context.Context, tx store.Tx, path agent.Path, epoch int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.armed {
+		m.armed, m.moved = false, true
+	}
+	if m.moved {
+		m.refusals++
+		return errMoved
+	}
+	return nil
+}
+
+// TestScheduleOfMovedInstanceIsNotAnError: a schedule whose instance moved
+// to another node while it ran cannot record its firing here (the write is
+// fenced); the row is the new owner's, which fires it again. That is the
+// expected course of a hand-over, logged at Info, not as an error of this
+// node (a rolling restart logged one error per schedule handed over).
+func TestScheduleOfMovedInstanceIsNotAnError(t *testing.T) {
+	h := newHooks()
+	place := &movingPlacement{}
+	logs := &logRecords{}
+	e := newRuntime(t, rtOptions{classes: []agent.Class{probeClass(h)}, place: place, log: slog.New(logs)})
+	ev := record(t, e.rt.Diag(), diag.ChannelSchedule)
+	e.start()
+	ctx := context.Background()
+	path := agent.Root("Probe", "moved")
+	p := getProbe(t, e.rt, path)
+	if _, err := p.ScheduleAfter(ctx, time.Second, "Tick", Payload{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	place.moveAtNextFence()
+	e.blockUntil(1)
+	e.clock.Advance(time.Second)
+	if f := h.nextFired(t); f.method != "Tick" {
+		t.Fatalf("fired %+v", f)
+	}
+	ev.wait(t, "fire", path.String()) // published after the finish write
+	place.mu.Lock()
+	refusals := place.refusals
+	place.mu.Unlock()
+	if refusals == 0 {
+		t.Fatal("the finish write was not fenced: the test did not move the instance")
+	}
+	msgs := logs.messages()
+	if slices.Contains(msgs, "ERROR scheduler: finish schedule") {
+		t.Fatalf("the fenced finish of a moved instance was logged as a failure: %q", msgs)
+	}
+	if !slices.Contains(msgs, "INFO scheduler: schedule left to the instance's new owner") {
+		t.Fatalf("the hand-over of the schedule was not logged at Info: %q", msgs)
 	}
 }

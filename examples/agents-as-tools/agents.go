@@ -54,12 +54,17 @@ func Classes(o Options) []agent.Class {
 		o.Clock = clockwork.NewRealClock()
 	}
 	search := searchPace{step: o.SearchTime / 3, clock: o.Clock}
+	// The Researchers' tools depend on nothing of one instance: built once
+	// for all of them. Each instance building its own kept its own
+	// inferred and resolved schemas (about 18 KB), the largest part of a
+	// busy node's live heap (thousands of resident Researchers).
+	researcherTools := newResearcherTools(search)
 	return []agent.Class{
 		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant, extra: o.ExtraTools} },
 			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns", "inspectHelperRun"}, Public: true},
 		// Researcher and Planner run only as the Assistant's helpers:
 		// clients reach them as its sub-agents, through OnBeforeSubAgent.
-		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher, pace: search} }},
+		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher, tools: researcherTools} }},
 		{Name: "Planner", New: func() agent.Agent { return &Planner{model: m.Planner} }},
 	}
 }
@@ -334,10 +339,7 @@ func (a *Assistant) OnBeforeSubAgent(ctx context.Context, r *http.Request, class
 type Researcher struct {
 	chat.Base
 	model model.Model
-	pace  searchPace
-
-	toolsOnce sync.Once
-	tools     []chat.Tool
+	tools []chat.Tool // web_search and publish_findings, shared by the class
 }
 
 // searchPace spaces the simulated search's phases: step apart on clock.
@@ -391,16 +393,17 @@ type SearchResult struct {
 	Snippet string `json:"snippet"`
 }
 
-// Tools returns web_search and publish_findings, built on the first turn.
-func (r *Researcher) Tools() []chat.Tool {
-	r.toolsOnce.Do(func() {
-		r.tools = []chat.Tool{
-			chat.NewTool("web_search", "Search the web (simulated).", r.webSearch).WithSchema(minLength("query", 1)),
-			chat.NewTool("publish_findings", "Publish the findings to the team's wiki (asks the user first).", r.publishFindings).
-				WithApproval(chat.RequireApproval).WithTitle("Publish findings"),
-		}
-	})
-	return slices.Clip(r.tools)
+// Tools returns web_search and publish_findings.
+func (r *Researcher) Tools() []chat.Tool { return slices.Clip(r.tools) }
+
+// newResearcherTools builds web_search, whose phases pace spaces, and
+// publish_findings.
+func newResearcherTools(pace searchPace) []chat.Tool {
+	return []chat.Tool{
+		chat.NewTool("web_search", "Search the web (simulated).", pace.webSearch).WithSchema(minLength("query", 1)),
+		chat.NewTool("publish_findings", "Publish the findings to the team's wiki (asks the user first).", publishFindings).
+			WithApproval(chat.RequireApproval).WithTitle("Publish findings"),
+	}
 }
 
 // PublishInput is the input of publish_findings.
@@ -415,20 +418,21 @@ type Published struct {
 
 // publishFindings "publishes" the findings (simulated), once the user
 // approved it.
-func (r *Researcher) publishFindings(ctx context.Context, in PublishInput) (Published, error) {
+func publishFindings(ctx context.Context, in PublishInput) (Published, error) {
 	return Published{URL: "https://wiki.example.com/" + strings.ReplaceAll(strings.ToLower(in.Title), " ", "-")}, nil
 }
 
-func (r *Researcher) webSearch(ctx context.Context, in ResearchInput) ([]SearchResult, error) {
+// webSearch "searches" (simulated), reporting its phases p apart.
+func (p searchPace) webSearch(ctx context.Context, in ResearchInput) ([]SearchResult, error) {
 	steps := []agenttool.Progress{
 		{Fraction: agenttool.Fraction(0.2), Phase: "searching", Message: "Searching for " + in.Query},
 		{Fraction: agenttool.Fraction(0.6), Phase: "reading", Message: "Reading 2 sources"},
 	}
-	for _, p := range steps {
-		if err := agenttool.ReportProgress(ctx, p); err != nil {
+	for _, step := range steps {
+		if err := agenttool.ReportProgress(ctx, step); err != nil {
 			return nil, err
 		}
-		if err := r.pace.wait(ctx); err != nil {
+		if err := p.wait(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -436,7 +440,7 @@ func (r *Researcher) webSearch(ctx context.Context, in ResearchInput) ([]SearchR
 		Data: map[string]any{"query": in.Query, "sources": 2}}); err != nil {
 		return nil, err
 	}
-	if err := r.pace.wait(ctx); err != nil {
+	if err := p.wait(ctx); err != nil {
 		return nil, err
 	}
 	if err := agenttool.ReportProgress(ctx, agenttool.Progress{Fraction: agenttool.Fraction(0.9), Phase: "synthesizing",

@@ -271,3 +271,34 @@ func TestCompareThree(t *testing.T) {
 		t.Fatalf("display orders %v", orders)
 	}
 }
+
+// TestResearchersShareTheirTools: the Researchers' tools are built once
+// for the class, not once per instance (each kept its own inferred and
+// resolved schemas, the largest part of a busy node's live heap), and
+// each instance still offers both.
+func TestResearchersShareTheirTools(t *testing.T) {
+	var newResearcher func() agent.Agent
+	for _, c := range agentsastools.Classes(agentsastools.Options{}) {
+		if c.Name == "Researcher" {
+			newResearcher = c.New
+		}
+	}
+	if newResearcher == nil {
+		t.Fatal("no Researcher class")
+	}
+	a := newResearcher().(*agentsastools.Researcher).Tools()
+	b := newResearcher().(*agentsastools.Researcher).Tools()
+	var names []string
+	for _, tool := range a {
+		names = append(names, tool.Name)
+	}
+	if strings.Join(names, ",") != "web_search,publish_findings" {
+		t.Fatalf("tools %q, want web_search and publish_findings", names)
+	}
+	if &a[0] != &b[0] {
+		t.Fatal("two Researchers built their tools each")
+	}
+	if a = append(a, chat.Tool{Name: "extra"}); &a[0] == &b[0] {
+		t.Fatal("appending to one Researcher's tools wrote into the shared list")
+	}
+}
