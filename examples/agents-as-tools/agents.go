@@ -59,8 +59,9 @@ func Classes(o Options) []agent.Class {
 	// inferred and resolved schemas (about 18 KB), the largest part of a
 	// busy node's live heap (thousands of resident Researchers).
 	researcherTools := newResearcherTools(search)
+	assistantTools := newAssistantTools()
 	return []agent.Class{
-		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant, extra: o.ExtraTools} },
+		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant, extra: o.ExtraTools, tools: assistantTools} },
 			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns", "inspectHelperRun"}, Public: true},
 		// Researcher and Planner run only as the Assistant's helpers:
 		// clients reach them as its sub-agents, through OnBeforeSubAgent.
@@ -102,9 +103,7 @@ type Assistant struct {
 	chat.Base
 	model model.Model
 	extra func() []chat.Tool
-
-	toolsOnce sync.Once
-	tools     []chat.Tool // the helpers, built once
+	tools []chat.Tool // the helpers, shared by the class
 }
 
 // ChatModel returns the assistant's model.
@@ -121,11 +120,10 @@ func (a *Assistant) SystemPrompt() string {
 func (a *Assistant) MaxConcurrentAgentTools() int { return 4 }
 
 // Tools returns the assistant's helpers, and its extra tools (Options).
-// The helpers are built on the first turn and kept: building a tool infers
-// and resolves its input schema, which costs more than the turn's own work
-// in a busy server (the model is offered them at every turn).
+// The helpers are built once for the class: building a tool infers and
+// resolves its input schema, which costs more than a turn's own work in a
+// busy server, and kept per instance it was most of a busy node's heap.
 func (a *Assistant) Tools() []chat.Tool {
-	a.toolsOnce.Do(func() { a.tools = a.helpers() })
 	tools := slices.Clip(a.tools)
 	if a.extra != nil {
 		tools = append(tools, a.extra()...)
@@ -133,7 +131,9 @@ func (a *Assistant) Tools() []chat.Tool {
 	return tools
 }
 
-func (a *Assistant) helpers() []chat.Tool {
+// newAssistantTools builds the Assistant's helpers; the tools that act on
+// the assistant find it in their context (onAssistant).
+func newAssistantTools() []chat.Tool {
 	return []chat.Tool{
 		agenttool.AgentTool[ResearchInput]("Researcher", agenttool.ToolOptions{
 			Name: "research", Description: "Research one topic in depth with a Researcher helper.",
@@ -141,13 +141,26 @@ func (a *Assistant) helpers() []chat.Tool {
 		agenttool.AgentTool[PlanInput]("Planner", agenttool.ToolOptions{
 			Name: "plan", Description: "Plan a code change with a Planner helper.",
 			DisplayName: "Planner", Icon: "🗺️", Schema: minLength("description", 5)}),
-		chat.NewTool("compare", "Research two (or three) things side by side, one Researcher helper each.", a.compare),
-		chat.NewTool("research_background", "Research a topic in the background; the answer arrives later in the chat.", a.researchBackground).
+		chat.NewTool("compare", "Research two (or three) things side by side, one Researcher helper each.", onAssistant((*Assistant).compare)),
+		chat.NewTool("research_background", "Research a topic in the background; the answer arrives later in the chat.", onAssistant((*Assistant).researchBackground)).
 			WithSchema(minLength("query", 3)),
-		chat.NewTool("delete_helper_runs", "Delete every helper run and its child (asks the user first).", a.deleteHelperRuns).
+		chat.NewTool("delete_helper_runs", "Delete every helper run and its child (asks the user first).", onAssistant((*Assistant).deleteHelperRuns)).
 			WithApproval(chat.RequireApproval).WithTitle("Delete helper runs"),
 		chat.NewClientTool[struct{}]("get_local_time", "The user's local date, time and time zone, read on their device.").
 			WithTitle("Local time"),
+	}
+}
+
+// onAssistant makes a method of the Assistant a tool function: the
+// Assistant is the agent whose turn calls the tool.
+func onAssistant[In, Out any](method func(*Assistant, context.Context, In) (Out, error)) func(context.Context, In) (Out, error) {
+	return func(ctx context.Context, in In) (Out, error) {
+		a, ok := agent.FromContext(ctx)
+		if as, isAssistant := a.(*Assistant); ok && isAssistant {
+			return method(as, ctx, in)
+		}
+		var zero Out
+		return zero, errors.New("agentsastools: an Assistant's tool called outside an Assistant's turn")
 	}
 }
 

@@ -301,4 +301,15 @@ func TestResearchersShareTheirTools(t *testing.T) {
 	if a = append(a, chat.Tool{Name: "extra"}); &a[0] == &b[0] {
 		t.Fatal("appending to one Researcher's tools wrote into the shared list")
 	}
+	var newAssistant func() agent.Agent
+	for _, c := range agentsastools.Classes(agentsastools.Options{}) {
+		if c.Name == "Assistant" {
+			newAssistant = c.New
+		}
+	}
+	x := newAssistant().(*agentsastools.Assistant).Tools()
+	y := newAssistant().(*agentsastools.Assistant).Tools()
+	if len(x) < 6 || &x[0] != &y[0] {
+		t.Fatalf("two Assistants built their %d tools each", len(x))
+	}
 }
