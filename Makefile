@@ -32,6 +32,7 @@ fuzz:
 # test FAULTS_COUNT times. Its counts go in RELIABILITY.md.
 FAULTS_COUNT ?= 20
 faults: export AGENTRY_FAULTS = 1
+faults: npm
 faults:
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^(TestUpdateWaitsOutRestart|TestLostCommitAnswer|TestCommitCutByServer|TestRetryLimitGivesUp)$$' ./store/postgres
 	$(GO) test -count=$(FAULTS_COUNT) -timeout 60m -run '^TestFullDiskWaitsAndRecovers$$' ./store/sqlite
