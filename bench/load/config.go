@@ -16,6 +16,9 @@ type Config struct {
 	URLs []string
 	// Serve starts the demo in this process (see serveDemo) instead.
 	Serve bool
+	// CPUProfile is where the command writes its CPU profile; Run does
+	// not read it.
+	CPUProfile string
 	// Delay is the in-process demo's scripted-model delay.
 	Delay time.Duration
 	// MaxTurns is the in-process demo's chat.Config.MaxTurnsInFlight

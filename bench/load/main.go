@@ -68,6 +68,11 @@
 // start before the window (a few at a time, each opening its tab), and the
 // window starts once every one is up, so their start-up is not measured.
 //
+// With -cpuprofile FILE, the generator writes its own CPU profile (the
+// server's too with -serve) for the window and the drain: on a machine
+// where both share the cores, what the generator costs is load the server
+// does not get.
+//
 // The exit status is 1 when any error other than a documented refusal
 // occurred or the transcript check failed.
 package main
@@ -78,30 +83,47 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
 )
 
-func main() {
+func main() { os.Exit(run()) }
+
+// run is the command; its result is the exit status.
+func run() int {
 	cfg, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "load:", err)
-		os.Exit(2)
+		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if cfg.CPUProfile != "" {
+		f, err := os.Create(cfg.CPUProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "load: -cpuprofile:", err)
+			return 2
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	rep, err := Run(ctx, cfg, os.Stderr)
 	if rep != nil {
 		rep.Print(os.Stdout)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "load:", err)
-		os.Exit(1)
+		return 1
 	}
 	if !rep.OK() {
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }
 
 func parseFlags(args []string) (Config, error) {
@@ -129,6 +151,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.IntVar(&c.Stuck, "stuck", 0, "sockets that join the first users' instances and never read (compare the users' p99 with and without)")
 	fs.IntVar(&c.Heavy, "heavy", 0, "with -serve: one more user who repeats fan-outs of this many Researchers at once (compare the users' p99 with and without)")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the users' choices")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write the generator's CPU profile (the server's too with -serve) to this file")
 	fs.BoolVar(&c.Verbose, "v", false, "log every error as it happens")
 	if err := fs.Parse(args); err != nil {
 		return c, err
