@@ -27,6 +27,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzEncodeMatchesReference$$' -fuzztime $(FUZZTIME) ./chat/message
 	$(GO) test -run '^$$' -fuzz '^FuzzAppendRaw$$' -fuzztime $(FUZZTIME) ./jsonenc
 	$(GO) test -run '^$$' -fuzz '^FuzzRequest$$' -fuzztime $(FUZZTIME) ./mcpserver
+	$(GO) test -run '^$$' -fuzz '^FuzzLeadingType$$' -fuzztime $(FUZZTIME) ./client
 
 # faults is the long form of the fault suite (docs/faults.md): each fault
 # test FAULTS_COUNT times. Its counts go in RELIABILITY.md.
