@@ -47,6 +47,12 @@ type Reconnect struct {
 	// OnReconnect, when set, is called when a new socket is up, before the
 	// chat's turns in flight are resumed; it must not block or call Close.
 	OnReconnect func()
+
+	// beforeProbe, when set (by this package's tests only), is called on
+	// the reconnecting goroutine after the resume has taken stock of the
+	// turns in flight and before it sends its probe: a test orders frames
+	// of the socket against that point.
+	beforeProbe func()
 }
 
 func (r Reconnect) withDefaults() Reconnect {
@@ -113,7 +119,18 @@ func (c *Conn) goAck(sk *socket, id string) {
 // request id); the others have finished, or wait in the server's queue, so
 // a probe asks: without a turn in progress, or with one that is not this
 // client's, each is acknowledged (a finished stream replays to its stored
-// outcome); a pending one is acknowledged when the server offers it.
+// outcome); a pending one is acknowledged when the server offers it, and
+// one the probe's answer offers is acknowledged, also when its offer on
+// connect was (see below).
+//
+// The server holds a socket out of a stream's live chunks and end from
+// each offer it sends (cf_agent_stream_resuming, with or without a probe
+// id) until an acknowledgement reaches it after that offer. An offer on
+// connect can arrive after the stock-taking below and be acknowledged at
+// once (handleFrame): when that acknowledgement reaches the server before
+// the probe, the probe's answer offers the stream again and only a second
+// acknowledgement lets the stream through. The second one costs a second
+// replay, which the Stream applies once (chunks are deduplicated by seq).
 func (ch *Chat) resumeAll(ctx context.Context) {
 	c := ch.c
 	c.mu.Lock()
@@ -151,6 +168,9 @@ func (ch *Chat) resumeAll(ctx context.Context) {
 	if len(unknown) == 0 {
 		return
 	}
+	if h := c.opts.Reconnect.beforeProbe; h != nil {
+		h()
+	}
 	probeID := requestID()
 	ans := make(chan probeAnswer, 8)
 	ch.mu.Lock()
@@ -180,7 +200,8 @@ func (ch *Chat) resumeAll(ctx context.Context) {
 		_, still := ch.streams[id]
 		offered := ch.offered[id]
 		ch.mu.Unlock()
-		if !still || offered || (a.typ == wire.StreamPending && a.id == id) {
+		reoffered := a.typ == wire.StreamResuming && a.id == id
+		if !still || (offered && !reoffered) || (a.typ == wire.StreamPending && a.id == id) {
 			continue // ended, acknowledged already, or acknowledged when offered
 		}
 		if c.sendOn(ctx, sk, resumeAck{wire.StreamResumeAck, id}) != nil {
