@@ -254,30 +254,64 @@ func isObject(r json.RawMessage) bool {
 // mergeJSON deep-merges over into base the way the AI SDK's mergeObjects
 // does: members of over replace those of base, except that two objects
 // under the same key are merged recursively. A null or absent over leaves
-// base unchanged; if either side is not an object, over wins.
+// base unchanged; if either side is not an object, over wins. The result
+// is what json.Marshal writes for the merged map of members (keys sorted,
+// values compacted), built from the members' bytes without decoding them.
 func mergeJSON(base, over json.RawMessage) json.RawMessage {
 	if isNull(over) {
 		return base
 	}
-	if isNull(base) || !isObject(base) || !isObject(over) {
+	if isNull(base) || !isObject(base) || !isObject(over) || !json.Valid(base) || !json.Valid(over) {
 		return bytes.Clone(over)
 	}
-	var bm, om map[string]json.RawMessage
-	if json.Unmarshal(base, &bm) != nil || json.Unmarshal(over, &om) != nil {
-		return bytes.Clone(over)
-	}
-	for k, ov := range om {
-		if bv, ok := bm[k]; ok && isObject(bv) && isObject(ov) {
-			bm[k] = mergeJSON(bv, ov)
-			continue
+	// As in the maps of members the merge was once made of, the last of
+	// repeated keys is the one that counts, on either side.
+	var ms, overs []member
+	jsonenc.Members(base, func(key, v []byte) bool { ms = setMember(ms, key, v); return true })
+	jsonenc.Members(over, func(key, v []byte) bool { overs = setMember(overs, key, v); return true })
+	for _, o := range overs {
+		i := slices.IndexFunc(ms, func(m member) bool { return bytes.Equal(m.key, o.key) })
+		switch {
+		case i < 0:
+			ms = append(ms, o)
+		case isObject(ms[i].value) && isObject(o.value):
+			ms[i].value = mergeJSON(ms[i].value, o.value)
+		default:
+			ms[i].value = o.value
 		}
-		bm[k] = ov
 	}
-	out, err := json.Marshal(bm)
-	if err != nil {
-		return bytes.Clone(over)
+	slices.SortFunc(ms, func(x, y member) int { return bytes.Compare(x.key, y.key) })
+	n := 2
+	for _, m := range ms {
+		n += len(m.key) + len(m.value) + 4
 	}
-	return out
+	out := append(make([]byte, 0, n), '{')
+	for i, m := range ms {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = jsonenc.AppendString(out, string(m.key))
+		out = append(out, ':')
+		var err error
+		if out, err = jsonenc.AppendRaw(out, m.value); err != nil {
+			return bytes.Clone(over)
+		}
+	}
+	return append(out, '}')
+}
+
+// member is a member of a JSON object: its key (unquoted) and value.
+type member struct{ key, value []byte }
+
+// setMember sets key to v in ms, replacing an earlier value.
+func setMember(ms []member, key, v []byte) []member {
+	for i := range ms {
+		if bytes.Equal(ms[i].key, key) {
+			ms[i].value = v
+			return ms
+		}
+	}
+	return append(ms, member{key, v})
 }
 
 // cloneRaw returns a copy of r that shares no memory with it.
