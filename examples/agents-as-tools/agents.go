@@ -54,12 +54,16 @@ func Classes(o Options) []agent.Class {
 		o.Clock = clockwork.NewRealClock()
 	}
 	search := searchPace{step: o.SearchTime / 3, clock: o.Clock}
+	// A Researcher runs once per helper run, each a new instance: its
+	// tools (their schemas inferred and resolved) are built once for the
+	// class, not once per instance.
+	researcherTools := sync.OnceValue(func() []chat.Tool { return newResearcherTools(search) })
 	return []agent.Class{
 		{Name: "Assistant", New: func() agent.Agent { return &Assistant{model: m.Assistant, extra: o.ExtraTools} },
 			Callable: []string{"clearHelperRuns", "cancelBackground", "listHelperRuns", "inspectHelperRun"}, Public: true},
 		// Researcher and Planner run only as the Assistant's helpers:
 		// clients reach them as its sub-agents, through OnBeforeSubAgent.
-		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher, pace: search} }},
+		{Name: "Researcher", New: func() agent.Agent { return &Researcher{model: m.Researcher, tools: researcherTools} }},
 		{Name: "Planner", New: func() agent.Agent { return &Planner{model: m.Planner} }},
 	}
 }
@@ -334,10 +338,7 @@ func (a *Assistant) OnBeforeSubAgent(ctx context.Context, r *http.Request, class
 type Researcher struct {
 	chat.Base
 	model model.Model
-	pace  searchPace
-
-	toolsOnce sync.Once
-	tools     []chat.Tool
+	tools func() []chat.Tool // the class's tools, built once (newResearcherTools)
 }
 
 // searchPace spaces the simulated search's phases: step apart on clock.
@@ -391,16 +392,19 @@ type SearchResult struct {
 	Snippet string `json:"snippet"`
 }
 
-// Tools returns web_search and publish_findings, built on the first turn.
-func (r *Researcher) Tools() []chat.Tool {
-	r.toolsOnce.Do(func() {
-		r.tools = []chat.Tool{
-			chat.NewTool("web_search", "Search the web (simulated).", r.webSearch).WithSchema(minLength("query", 1)),
-			chat.NewTool("publish_findings", "Publish the findings to the team's wiki (asks the user first).", r.publishFindings).
-				WithApproval(chat.RequireApproval).WithTitle("Publish findings"),
-		}
-	})
-	return slices.Clip(r.tools)
+// Tools returns web_search and publish_findings.
+func (r *Researcher) Tools() []chat.Tool { return slices.Clip(r.tools()) }
+
+// newResearcherTools builds the Researcher's tools, which every instance
+// of the class shares: they keep no state of an instance.
+func newResearcherTools(pace searchPace) []chat.Tool {
+	return []chat.Tool{
+		chat.NewTool("web_search", "Search the web (simulated).", func(ctx context.Context, in ResearchInput) ([]SearchResult, error) {
+			return webSearch(ctx, pace, in)
+		}).WithSchema(minLength("query", 1)),
+		chat.NewTool("publish_findings", "Publish the findings to the team's wiki (asks the user first).", publishFindings).
+			WithApproval(chat.RequireApproval).WithTitle("Publish findings"),
+	}
 }
 
 // PublishInput is the input of publish_findings.
@@ -415,11 +419,11 @@ type Published struct {
 
 // publishFindings "publishes" the findings (simulated), once the user
 // approved it.
-func (r *Researcher) publishFindings(ctx context.Context, in PublishInput) (Published, error) {
+func publishFindings(ctx context.Context, in PublishInput) (Published, error) {
 	return Published{URL: "https://wiki.example.com/" + strings.ReplaceAll(strings.ToLower(in.Title), " ", "-")}, nil
 }
 
-func (r *Researcher) webSearch(ctx context.Context, in ResearchInput) ([]SearchResult, error) {
+func webSearch(ctx context.Context, pace searchPace, in ResearchInput) ([]SearchResult, error) {
 	steps := []agenttool.Progress{
 		{Fraction: agenttool.Fraction(0.2), Phase: "searching", Message: "Searching for " + in.Query},
 		{Fraction: agenttool.Fraction(0.6), Phase: "reading", Message: "Reading 2 sources"},
@@ -428,7 +432,7 @@ func (r *Researcher) webSearch(ctx context.Context, in ResearchInput) ([]SearchR
 		if err := agenttool.ReportProgress(ctx, p); err != nil {
 			return nil, err
 		}
-		if err := r.pace.wait(ctx); err != nil {
+		if err := pace.wait(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -436,7 +440,7 @@ func (r *Researcher) webSearch(ctx context.Context, in ResearchInput) ([]SearchR
 		Data: map[string]any{"query": in.Query, "sources": 2}}); err != nil {
 		return nil, err
 	}
-	if err := r.pace.wait(ctx); err != nil {
+	if err := pace.wait(ctx); err != nil {
 		return nil, err
 	}
 	if err := agenttool.ReportProgress(ctx, agenttool.Progress{Fraction: agenttool.Fraction(0.9), Phase: "synthesizing",

@@ -271,3 +271,38 @@ func TestCompareThree(t *testing.T) {
 		t.Fatalf("display orders %v", orders)
 	}
 }
+
+// TestResearcherToolsShared: every Researcher of one set of classes has
+// the same tools (built once for the class: a helper run is a new
+// instance), and a second set of classes builds its own.
+func TestResearcherToolsShared(t *testing.T) {
+	researcher := func(classes []agent.Class) []chat.Tool {
+		t.Helper()
+		for _, c := range classes {
+			if c.Name == "Researcher" {
+				return c.New().(chat.ToolProvider).Tools()
+			}
+		}
+		t.Fatal("no Researcher class")
+		return nil
+	}
+	classes := agentsastools.Classes(agentsastools.Options{Models: agentsastools.Offline(0, nil)})
+	a, b := researcher(classes), researcher(classes)
+	other := researcher(agentsastools.Classes(agentsastools.Options{Models: agentsastools.Offline(0, nil)}))
+	if len(a) != 2 || a[0].Name != "web_search" || a[1].Name != "publish_findings" {
+		t.Fatalf("Researcher tools %v, want web_search and publish_findings", a)
+	}
+	for i := range a {
+		if a[i].Schema() != b[i].Schema() {
+			t.Errorf("%s: two Researchers built their own schema", a[i].Name)
+		}
+		if a[i].Schema() == other[i].Schema() {
+			t.Errorf("%s: two sets of classes share a schema", a[i].Name)
+		}
+	}
+	// A caller appending to one instance's tools changes no other's.
+	_ = append(a, chat.Tool{Name: "extra"})
+	if again := researcher(classes); len(again) != 2 {
+		t.Fatalf("Researcher tools after an append elsewhere: %d", len(again))
+	}
+}
