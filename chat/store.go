@@ -407,6 +407,7 @@ func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, 
 	}
 	var q strings.Builder
 	args := make([]any, 0, 4*min(len(chunks), chunkRows))
+	iidArg, streamArg := any(iid), any(streamID) // boxed once, not once per row
 	for len(chunks) > 0 {
 		batch := chunks[:min(len(chunks), chunkRows)]
 		chunks = chunks[len(batch):]
@@ -418,7 +419,7 @@ func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, 
 				q.WriteString(", ")
 			}
 			q.WriteString("(?, ?, ?, ?)")
-			args = append(args, iid, streamID, c.Seq, c.Body)
+			args = append(args, iidArg, streamArg, c.Seq, c.Body)
 		}
 		q.WriteString(` ON CONFLICT (instance_id, stream_id, seq) DO NOTHING`)
 		if _, err := tx.Exec(ctx, q.String(), args...); err != nil {

@@ -266,7 +266,8 @@ func mergeJSON(base, over json.RawMessage) json.RawMessage {
 	}
 	// As in the maps of members the merge was once made of, the last of
 	// repeated keys is the one that counts, on either side.
-	var ms, overs []member
+	var mbuf, obuf [8]member // most metadata has a few members
+	ms, overs := mbuf[:0], obuf[:0]
 	jsonenc.Members(base, func(key, v []byte) bool { ms = setMember(ms, key, v); return true })
 	jsonenc.Members(over, func(key, v []byte) bool { overs = setMember(overs, key, v); return true })
 	for _, o := range overs {
