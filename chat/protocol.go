@@ -138,24 +138,14 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 		fail("chat request method must be POST")
 		return
 	}
-	var body struct {
-		Messages []message.Message `json:"messages"`
-		Trigger  string            `json:"trigger"`
-	}
-	if err := json.Unmarshal([]byte(f.Init.Body), &body); err != nil {
+	body, err := decodeRequestBody([]byte(f.Init.Body))
+	if err != nil {
 		fail("chat request body is not JSON: " + err.Error())
 		return
 	}
-	if body.Messages == nil {
+	if body.messages == nil {
 		fail("chat request body has no messages")
 		return
-	}
-	var extra map[string]json.RawMessage
-	_ = json.Unmarshal([]byte(f.Init.Body), &extra)
-	delete(extra, "messages")
-	var rawExtra json.RawMessage
-	if len(extra) > 0 {
-		rawExtra, _ = json.Marshal(extra)
 	}
 	c.mu.Lock()
 	dup := c.active != nil && c.active.row.ID == f.ID
@@ -166,13 +156,13 @@ func (c *core) onRequest(ctx context.Context, conn *agent.Conn, data []byte) {
 	if dup {
 		return // the client re-sent a request that is already running
 	}
-	msgs := c.dropContinuationStandIns(ctx, body.Messages)
+	msgs := c.dropContinuationStandIns(ctx, body.messages)
 	// A submission whose transcript ends with the assistant message is the
 	// AI SDK's own continuation (sendAutomaticallyWhen after
 	// addToolApprovalResponse or addToolOutput): the turn continues that
 	// message, running what its answers approved.
-	cont := body.Trigger != "regenerate-message" && lastAssistant(msgs) != nil
-	_, err := c.accept(ctx, acceptRequest{replace: msgs, origin: conn, id: f.ID, body: rawExtra, limited: true, clientID: true, continuation: cont})
+	cont := body.trigger != "regenerate-message" && lastAssistant(msgs) != nil
+	_, err = c.accept(ctx, acceptRequest{replace: msgs, origin: conn, id: f.ID, body: body.extra, limited: true, clientID: true, continuation: cont})
 	switch {
 	case errors.Is(err, errResent):
 		// A re-sent request whose turn ran already: the client gets that

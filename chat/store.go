@@ -142,17 +142,67 @@ func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Messag
 	return out, rows.Err()
 }
 
-// replaceMessages makes the stored transcript exactly msgs.
+// replaceMessages makes the stored transcript exactly msgs (a message
+// whose id repeats is stored once, as its last occurrence). It writes only
+// what differs from the stored rows: a message stored under its id at its
+// position with the same body is left alone, any other is upserted, and a
+// stored message msgs does not hold is deleted. A client's request carries
+// the whole chat, so a turn costs one read of the transcript and the writes
+// of its new messages, not a rewrite of every row.
 func replaceMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) error {
-	if _, err := tx.Exec(ctx, `DELETE FROM chat_messages WHERE instance_id = ?`, iid); err != nil {
-		return err
+	stored, err := storedRows(ctx, tx, iid)
+	if err != nil {
+		return fmt.Errorf("read stored transcript: %w", err)
 	}
-	for i, m := range msgs {
-		if err := putMessage(ctx, tx, iid, i, m); err != nil {
+	var buf []byte
+	for i := range msgs {
+		m := &msgs[i]
+		if buf, err = m.AppendJSON(buf[:0]); err != nil {
+			return fmt.Errorf("encode message %s: %w", m.ID, err)
+		}
+		if s, ok := stored[m.ID]; ok {
+			// A repeated id finds no row the second time: it is written,
+			// and the last occurrence is the one that stays.
+			delete(stored, m.ID)
+			if s.pos == i && s.body == string(buf) {
+				continue
+			}
+		}
+		if err := upsertMessage(ctx, tx, iid, i, m, string(buf)); err != nil {
 			return err
 		}
 	}
+	for id := range stored {
+		if _, err := tx.Exec(ctx, `DELETE FROM chat_messages WHERE instance_id = ? AND id = ?`, iid, id); err != nil {
+			return fmt.Errorf("delete message %s: %w", id, err)
+		}
+	}
 	return nil
+}
+
+// storedRow is a stored message's position and body.
+type storedRow struct {
+	pos  int
+	body string
+}
+
+// storedRows returns the stored messages by id.
+func storedRows(ctx context.Context, tx store.Tx, iid int64) (map[string]storedRow, error) {
+	rows, err := tx.Query(ctx, `SELECT id, position, body FROM chat_messages WHERE instance_id = ?`, iid)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]storedRow)
+	for rows.Next() {
+		var id string
+		var r storedRow
+		if err := rows.Scan(&id, &r.pos, &r.body); err != nil {
+			return nil, err
+		}
+		out[id] = r
+	}
+	return out, rows.Err()
 }
 
 // appendMessages adds msgs after the stored transcript.
@@ -174,9 +224,14 @@ func putMessage(ctx context.Context, tx store.Tx, iid int64, pos int, m message.
 	if err != nil {
 		return fmt.Errorf("encode message %s: %w", m.ID, err)
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO chat_messages (instance_id, id, position, role, body) VALUES (?, ?, ?, ?, ?)
+	return upsertMessage(ctx, tx, iid, pos, &m, string(body))
+}
+
+// upsertMessage stores m, whose encoding is body, at pos.
+func upsertMessage(ctx context.Context, tx store.Tx, iid int64, pos int, m *message.Message, body string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO chat_messages (instance_id, id, position, role, body) VALUES (?, ?, ?, ?, ?)
 		ON CONFLICT (instance_id, id) DO UPDATE SET position = excluded.position, role = excluded.role, body = excluded.body`,
-		iid, m.ID, pos, string(m.Role), string(body))
+		iid, m.ID, pos, string(m.Role), body)
 	return err
 }
 
@@ -352,6 +407,7 @@ func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, 
 	}
 	var q strings.Builder
 	args := make([]any, 0, 4*min(len(chunks), chunkRows))
+	iidArg, streamArg := any(iid), any(streamID) // boxed once, not once per row
 	for len(chunks) > 0 {
 		batch := chunks[:min(len(chunks), chunkRows)]
 		chunks = chunks[len(batch):]
@@ -363,7 +419,7 @@ func insertChunks(ctx context.Context, tx store.Tx, iid int64, streamID string, 
 				q.WriteString(", ")
 			}
 			q.WriteString("(?, ?, ?, ?)")
-			args = append(args, iid, streamID, c.Seq, c.Body)
+			args = append(args, iidArg, streamArg, c.Seq, c.Body)
 		}
 		q.WriteString(` ON CONFLICT (instance_id, stream_id, seq) DO NOTHING`)
 		if _, err := tx.Exec(ctx, q.String(), args...); err != nil {

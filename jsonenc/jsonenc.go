@@ -1,6 +1,9 @@
 // Package jsonenc appends JSON values to byte slices without reflection,
 // byte for byte as encoding/json writes them, for the hot paths that
-// encode a frame or a chunk per streamed token.
+// encode a frame or a chunk per streamed token; and walks the members of
+// an object and the elements of an array without decoding them (Members,
+// Elements), for the decoders that would otherwise validate the same
+// bytes once per level of nesting.
 package jsonenc
 
 import (

@@ -138,6 +138,74 @@ func (c *Chunk) fields() []field {
 	}
 }
 
+// fieldPtr returns the pointer of key's field (see fields), nil for a key
+// of no field: decodeObject finds fields without a slice of them.
+func (c *Chunk) fieldPtr(key []byte) any {
+	switch string(key) {
+	case "type":
+		return &c.Type
+	case "messageId":
+		return &c.MessageID
+	case "id":
+		return &c.ID
+	case "delta":
+		return &c.Delta
+	case "approvalId":
+		return &c.ApprovalID
+	case "toolCallId":
+		return &c.ToolCallID
+	case "toolName":
+		return &c.ToolName
+	case "inputTextDelta":
+		return &c.InputTextDelta
+	case "inputEncoding":
+		return &c.InputEncoding
+	case "input":
+		return &c.Input
+	case "output":
+		return &c.Output
+	case "errorText":
+		return &c.ErrorText
+	case "approvalDescriptor":
+		return &c.ApprovalDescriptor
+	case "inputSchemaInput":
+		return &c.InputSchemaInput
+	case "signature":
+		return &c.Signature
+	case "providerExecuted":
+		return &c.ProviderExecuted
+	case "dynamic":
+		return &c.Dynamic
+	case "preliminary":
+		return &c.Preliminary
+	case "sourceId":
+		return &c.SourceID
+	case "url":
+		return &c.URL
+	case "mediaType":
+		return &c.MediaType
+	case "title":
+		return &c.Title
+	case "toolMetadata":
+		return &c.ToolMetadata
+	case "filename":
+		return &c.Filename
+	case "data":
+		return &c.Data
+	case "transient":
+		return &c.Transient
+	case "finishReason":
+		return &c.FinishReason
+	case "reason":
+		return &c.Reason
+	case "messageMetadata":
+		return &c.MessageMetadata
+	case "providerMetadata":
+		return &c.ProviderMetadata
+	}
+	return nil
+}
+
 // required reports whether key is written even when empty for the chunk's
 // type, because the AI SDK's schema demands it.
 func (c *Chunk) required(key string) bool { return chunkRequired(c.Type, key) }
@@ -293,7 +361,7 @@ func (e *chunkEncoder) flag(key string, v *bool) {
 // UnmarshalJSON decodes an AI SDK UIMessageChunk, keeping unknown members.
 func (c *Chunk) UnmarshalJSON(data []byte) error {
 	*c = Chunk{}
-	extra, err := unmarshalObject(data, c.fields())
+	extra, err := unmarshalObject(data, c.fieldPtr, c.fields)
 	if err != nil {
 		return fmt.Errorf("chunk: %w", err)
 	}

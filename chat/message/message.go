@@ -49,6 +49,22 @@ func (m *Message) fields() []field {
 	}
 }
 
+// fieldPtr returns the pointer of key's field (see fields), nil for a key
+// of no field: decodeObject finds fields without a slice of them.
+func (m *Message) fieldPtr(key []byte) any {
+	switch string(key) {
+	case "id":
+		return &m.ID
+	case "role":
+		return &m.Role
+	case "metadata":
+		return &m.Metadata
+	case "parts":
+		return &m.Parts
+	}
+	return nil
+}
+
 // MarshalJSON encodes m as an AI SDK UIMessage, unknown members included.
 func (m Message) MarshalJSON() ([]byte, error) {
 	n := 32 + len(m.ID) + len(m.Metadata)
@@ -65,7 +81,7 @@ func (m Message) MarshalJSON() ([]byte, error) {
 // UnmarshalJSON decodes an AI SDK UIMessage, keeping unknown members.
 func (m *Message) UnmarshalJSON(data []byte) error {
 	*m = Message{}
-	extra, err := unmarshalObject(data, m.fields())
+	extra, err := unmarshalObject(data, m.fieldPtr, m.fields)
 	if err != nil {
 		return fmt.Errorf("message: %w", err)
 	}
@@ -202,6 +218,60 @@ func (p *Part) fields() []field {
 	}
 }
 
+// fieldPtr returns the pointer of key's field (see fields), nil for a key
+// of no field: decodeObject finds fields without a slice of them.
+func (p *Part) fieldPtr(key []byte) any {
+	switch string(key) {
+	case "type":
+		return &p.Type
+	case "id":
+		return &p.ID
+	case "text":
+		return &p.Text
+	case "toolName":
+		return &p.DynamicToolName
+	case "toolCallId":
+		return &p.ToolCallID
+	case "state":
+		return &p.State
+	case "input":
+		return &p.Input
+	case "output":
+		return &p.Output
+	case "rawInput":
+		return &p.RawInput
+	case "errorText":
+		return &p.ErrorText
+	case "approval":
+		return &p.Approval
+	case "providerExecuted":
+		return &p.ProviderExecuted
+	case "preliminary":
+		return &p.Preliminary
+	case "title":
+		return &p.Title
+	case "toolMetadata":
+		return &p.ToolMetadata
+	case "callProviderMetadata":
+		return &p.CallProviderMetadata
+	case "resultProviderMetadata":
+		return &p.ResultProviderMetadata
+	case "sourceId":
+		return &p.SourceID
+	case "url":
+		return &p.URL
+	case "mediaType":
+		return &p.MediaType
+	case "filename":
+		return &p.Filename
+	case "data":
+		return &p.Data
+	case "providerMetadata":
+		return &p.ProviderMetadata
+	}
+	return nil
+}
+
 // required reports whether key is written even when empty for the part's
 // type, because the AI SDK's schema demands it.
 func (p *Part) required(key string) bool {
@@ -243,7 +313,7 @@ func (p *Part) sizeHint() int {
 // UnmarshalJSON decodes an AI SDK UI message part, keeping unknown members.
 func (p *Part) UnmarshalJSON(data []byte) error {
 	*p = Part{}
-	extra, err := unmarshalObject(data, p.fields())
+	extra, err := unmarshalObject(data, p.fieldPtr, p.fields)
 	if err != nil {
 		return fmt.Errorf("part: %w", err)
 	}
@@ -317,6 +387,24 @@ func (a *Approval) fields() []field {
 	}
 }
 
+// fieldPtr returns the pointer of key's field (see fields), nil for a key
+// of no field: decodeObject finds fields without a slice of them.
+func (a *Approval) fieldPtr(key []byte) any {
+	switch string(key) {
+	case "id":
+		return &a.ID
+	case "approved":
+		return &a.Approved
+	case "reason":
+		return &a.Reason
+	case "descriptor":
+		return &a.Descriptor
+	case "signature":
+		return &a.Signature
+	}
+	return nil
+}
+
 // MarshalJSON encodes a, unknown members included.
 func (a Approval) MarshalJSON() ([]byte, error) {
 	b, err := a.appendJSON(make([]byte, 0, 64+len(a.ID)+len(a.Reason)+len(a.Descriptor)+len(a.Signature)))
@@ -329,7 +417,7 @@ func (a Approval) MarshalJSON() ([]byte, error) {
 // UnmarshalJSON decodes an approval, keeping unknown members.
 func (a *Approval) UnmarshalJSON(data []byte) error {
 	*a = Approval{}
-	extra, err := unmarshalObject(data, a.fields())
+	extra, err := unmarshalObject(data, a.fieldPtr, a.fields)
 	if err != nil {
 		return fmt.Errorf("approval: %w", err)
 	}

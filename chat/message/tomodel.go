@@ -132,6 +132,18 @@ func joinText(parts []Part) string {
 	return b.String()
 }
 
+// visible returns Visible(parts) for a caller that only reads it: parts
+// itself when Visible would leave nothing out (a message no restart cut
+// short), without Visible's copy of every part.
+func visible(parts []Part) []Part {
+	for i := range parts {
+		if parts[i].Type == DataPartPrefix+InterruptedStepName || parts[i].Interrupted() {
+			return Visible(parts)
+		}
+	}
+	return parts
+}
+
 // appendAssistant appends the model messages of one assistant UI message,
 // one assistant message (and its tool results) per step.
 func appendAssistant(conv []model.Message, parts []Part) []model.Message {
@@ -146,7 +158,7 @@ func appendAssistant(conv []model.Message, parts []Part) []model.Message {
 		content, results = nil, nil
 	}
 	// What a restart cut short stays for clients; the model answers anew.
-	for _, p := range Visible(parts) {
+	for _, p := range visible(parts) {
 		switch {
 		case p.Type == PartStepStart:
 			flush()

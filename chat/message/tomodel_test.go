@@ -161,3 +161,28 @@ func TestToModelFileParts(t *testing.T) {
 		t.Fatalf("got %s\nwant %s", mustMarshal(t, conv), mustMarshal(t, want))
 	}
 }
+
+// TestVisibleReadOnly: visible, which ToModel reads, is Visible; with
+// nothing to leave out it is the parts themselves, not a copy.
+func TestVisibleReadOnly(t *testing.T) {
+	text := func(s string, meta json.RawMessage) Part {
+		return Part{Type: PartText, Text: s, State: StateDone, ProviderMetadata: meta}
+	}
+	cases := map[string][]Part{
+		"plain":       {{Type: PartStepStart}, text("a", nil), {Type: "tool-x", ToolCallID: "c", State: StateOutputAvailable}},
+		"continued":   {{Type: PartStepStart}, text("a", ContinuedMetadata), {Type: PartStepStart}, text("b", nil)},
+		"interrupted": {{Type: PartStepStart}, text("a", InterruptedMetadata), text("b", nil)},
+		"marked step": {{Type: PartStepStart}, text("a", nil), {Type: DataPartPrefix + InterruptedStepName}, {Type: PartStepStart}, text("b", nil)},
+		"tool cut":    {{Type: PartStepStart}, {Type: "tool-x", ToolCallID: "c", State: StateInputStreaming, CallProviderMetadata: InterruptedMetadata}},
+	}
+	for name, parts := range cases {
+		got, want := visible(parts), Visible(parts)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: visible = %+v, want %+v", name, got, want)
+		}
+		alias := &got[0] == &parts[0]
+		if hidden := len(want) < len(parts); alias == hidden {
+			t.Errorf("%s: visible aliases the parts: %v, want %v", name, alias, !hidden)
+		}
+	}
+}
