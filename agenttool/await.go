@@ -274,7 +274,7 @@ func (a *awaiting) wait() error {
 // the chunks committed after the follower stopped and records the end.
 func (a *awaiting) end() (Result, error) {
 	h, ctx, row, ch, cr, runCtx, usage, gaveUp := a.h, a.ctx, a.row, a.ch, a.cr, a.runCtx, a.usage, a.gaveUp
-	if ch.disarm(cr) {
+	if ch.disarm(cr, h) {
 		// The child's end claimed the fuse before the parent stopped
 		// waiting: it commits the parent's row; take that end.
 		select {
@@ -291,7 +291,7 @@ func (a *awaiting) end() (Result, error) {
 	}
 	bg := context.WithoutCancel(ctx)
 	end := ch.endOf(cr)
-	if won, marks, ok := ch.fused(cr); ok {
+	if won, marks, ok := ch.fused(cr, h); ok {
 		res := Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusCompleted, Summary: end.summary}
 		// The child's end transaction recorded its usage with the end.
 		a.stopUsage()

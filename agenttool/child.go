@@ -128,6 +128,17 @@ const (
 // give-up) would change. The parent disarms the fuse once it stops waiting;
 // when the claim came first, it waits for the end instead. Its fields are
 // guarded by the child host's mu.
+//
+// A fuse belongs to one copy of the parent (parent): the hydration whose
+// fence its write passes and whose await takes its end (fused) and
+// delivers it. Another copy of the parent that follows the same child run
+// (one dropped with a lost shard lease, whose dispatch came late) neither
+// disarms nor takes it: taken there, the end was delivered by a copy whose
+// writes the fence refuses, and the copy that recorded it delivered
+// nothing. A fuse of a copy that the runtime no longer serves (dropped) is
+// not claimed: its fence would refuse the child's end with it, leaving the
+// child's turn unfinished in its storage. The await of the current copy
+// arms its own in its place.
 type parentFuse struct {
 	parent    *host
 	runID     string
@@ -308,11 +319,24 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 				return err // recorded before: the watcher reads what it is
 			}
 			h.mu.Lock()
-			cr.pending = &end
+			cr.pending = &end // no fuse is armed from here on
 			f := cr.fuse
-			claimed := f != nil && f.state == fuseArmed && end.status == StatusCompleted
-			if claimed {
-				f.state = fuseClaimed
+			h.mu.Unlock()
+			// Read outside the lock: it takes the runtime's.
+			current := f != nil && f.parent.served()
+			// The store runs a transaction again after an attempt that
+			// rolled back (a connection lost before its COMMIT, an
+			// undecided fence, a serialization failure), and Write with
+			// it: a fuse that an earlier attempt claimed is claimed
+			// again (that attempt's writes of the parent's row were
+			// rolled back with it), or given back.
+			h.mu.Lock()
+			claimed := current && cr.fuse == f && (f.state == fuseArmed || f.state == fuseClaimed) && end.status == StatusCompleted
+			switch {
+			case claimed:
+				f.state, f.won, f.marks = fuseClaimed, false, nil
+			case f != nil && cr.fuse == f && f.state == fuseClaimed:
+				f.state = fuseArmed
 			}
 			h.mu.Unlock()
 			if !claimed {
@@ -345,24 +369,35 @@ func (h *host) endHook(cr *childRun) *chat.EndHook {
 
 // arm gives a run that has not ended a fuse for parent, which re-attaches
 // to it: a run started before a restart has none, and its end can still
-// write the parent's terminal row in its own commit.
+// write the parent's terminal row in its own commit. A fuse armed by a
+// copy of the parent that the runtime no longer serves is replaced by
+// parent's (unless the child's end claimed it already).
 func (h *host) arm(cr *childRun, parent *host) {
 	h.mu.Lock()
+	f := cr.fuse
+	h.mu.Unlock()
+	// Read outside the lock: it takes the runtime's.
+	stale := f != nil && f.parent != parent && !f.parent.served()
+	h.mu.Lock()
 	defer h.mu.Unlock()
-	if cr.fuse != nil || cr.ended != nil || cr.pending != nil {
+	if cr.ended != nil || cr.pending != nil || cr.fuse != f {
+		return
+	}
+	if f != nil && (!stale || f.state != fuseArmed) {
 		return
 	}
 	cr.fuse = &parentFuse{parent: parent, runID: cr.runID}
 }
 
-// disarm tells a run's fuse that its parent stops waiting. It reports
-// whether the child's end claimed the fuse first: the parent then waits for
-// the run's end and takes the fused result.
-func (h *host) disarm(cr *childRun) bool {
+// disarm tells a run's fuse that its parent (the copy that armed it) stops
+// waiting. It reports whether the child's end claimed the fuse first: the
+// parent then waits for the run's end and takes the fused result. A fuse
+// of another copy of the parent is left alone (false).
+func (h *host) disarm(cr *childRun, parent *host) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	f := cr.fuse
-	if f == nil {
+	if f == nil || f.parent != parent {
 		return false
 	}
 	if f.state == fuseArmed {
@@ -373,14 +408,18 @@ func (h *host) disarm(cr *childRun) bool {
 }
 
 // fused returns, once, the parent's terminal write that the child's end
-// committed (ok false: there was none). The fuse is spent: a later
-// re-attach to the same run writes its own terminal.
-func (h *host) fused(cr *childRun) (won bool, marks []int, ok bool) {
+// committed through parent's fuse (ok false: there was none). The fuse is
+// spent: a later re-attach to the same run writes its own terminal. The
+// fuse of another copy of the parent is left for that copy to take.
+func (h *host) fused(cr *childRun, parent *host) (won bool, marks []int, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	f := cr.fuse
+	if f == nil || f.parent != parent {
+		return false, nil, false
+	}
 	cr.fuse = nil
-	if f == nil || f.state != fuseDone || !f.committed {
+	if f.state != fuseDone || !f.committed {
 		return false, nil, false
 	}
 	return f.won, f.marks, true

@@ -105,10 +105,21 @@ type deliveryID struct{ runID, marks string }
 // undelivered, and the parent's next start delivers it again
 // (redeliverFinishes): the hook runs at least once, its database writes
 // exactly once.
+//
+// A copy of the parent that the runtime has replaced (dropped with a lost
+// shard lease, hydrated again) does not deliver: its writes are fenced, so
+// its hook's would be refused, and the current copy may have read the
+// runs before this end was recorded. It hands the end to the current copy
+// (handFinishOver), before the hook and after a hook whose write did not
+// carry the mark.
 func (h *host) deliverFinish(ctx context.Context, run Run, res Result, marks []int) {
 	o, ok := h.a.(FinishObserver)
 	if !ok {
 		return // the terminal write recorded it delivered
+	}
+	if cur := h.current(); cur != h {
+		h.handFinishOver(cur, run.RunID)
+		return
 	}
 	mj, _ := json.Marshal(marks)
 	id := deliveryID{run.RunID, string(mj)}
@@ -144,7 +155,40 @@ func (h *host) deliverFinish(ctx context.Context, run Run, res Result, marks []i
 		// failed, left for the next start to deliver again).
 		return
 	}
+	if cur := h.current(); cur != h {
+		// Replaced while the hook ran: its mark would be refused.
+		h.handFinishOver(cur, run.RunID)
+		return
+	}
 	h.queueMark(pendingMark{runID: run.RunID, marks: d.marks, stamp: d.stamp})
+}
+
+// handFinishOver gives the delivery of run runID's recorded end to cur,
+// the copy of this parent that the runtime serves now, in the background:
+// cur delivers the end unless it is delivered, or a delivery of it is
+// under way there (deliverRecorded).
+func (h *host) handFinishOver(cur *host, runID string) {
+	h.publish(h.rt.Context(), "finish:handed-over", map[string]any{"runId": runID})
+	release := cur.b.KeepAlive()
+	cur.rt.Go(func(ctx context.Context) {
+		defer release()
+		cur.deliverRecorded(agent.WithAgent(ctx, cur.a), runID)
+	})
+}
+
+// deliverRecorded delivers the recorded end of awaited run runID if it is
+// not delivered and no delivery of it is under way in this copy of the
+// parent. The delivery mark lets only one delivery's writes commit.
+func (h *host) deliverRecorded(ctx context.Context, runID string) {
+	row, ok, err := h.readRun(ctx, runID)
+	if err != nil {
+		h.b.Logger().Warn("agenttool: deliver a handed-over end", "run", runID, "err", err) // at the next start
+		return
+	}
+	if !ok || row.det.Detached || row.Status.Active() || row.det.FinishDelivered || h.markPending(runID) {
+		return
+	}
+	h.deliverFinish(ctx, row.Run, row.Result(), row.marks)
 }
 
 // markFlushDelay is how long the delivery mark of a hook that wrote

@@ -213,3 +213,60 @@ func TestLapsedLeaseUnderFinishHook(t *testing.T) {
 		t.Fatal("the end of hook-1 is not marked delivered: the next start would deliver it again")
 	}
 }
+
+// TestLapsedParentLeaseUnderFusedEnd: the parent's lease lapses while the
+// child's turn ends, and is renewed under the same epoch. The child's end
+// transaction, which records the parent's end too (the fuse), meets the
+// parent's undecided fence and is run again by the store; the attempt
+// that commits records the parent's end, and the parent takes it and
+// delivers it once. Before, the attempt run again did not claim the fuse
+// an earlier attempt had claimed: the child's end committed without the
+// parent's row, the parent took the fuse's empty result and answered the
+// run's row as it stood (running), and the run never ended.
+func TestLapsedParentLeaseUnderFusedEnd(t *testing.T) {
+	place := newLapsingPlacement()
+	leaf := &gatedModel{Model: scripted.New(scripted.WithDefault(scripted.Always(scripted.Reply{scripted.Text("leaf answer")}))),
+		entered: make(chan struct{}), release: make(chan struct{})}
+	e := startLapsing(t, place, leaf, false)
+	ctx := testCtx(t)
+	root, err := e.RT.Get(ctx, agent.Root("Root", "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan runOutcome, 1)
+	go func() {
+		out, err := agenttool.RunAgentTool(ctx, root, "Leaf", agenttool.RunOptions{RunID: "fused-1", Input: treeInput{Query: "q"}})
+		res <- runOutcome{out, err}
+	}()
+	<-leaf.entered
+	parent := agent.BaseOf(root).Path()
+	// The parent's next write is its end, in the child's end transaction:
+	// it awaits the run and writes nothing meanwhile.
+	place.lapse(parent, 1)
+	close(leaf.release)
+	var o runOutcome
+	select {
+	case o = <-res:
+	case <-ctx.Done():
+		t.Fatal("the run never ended")
+	}
+	if n := place.refusals(parent); n != 1 {
+		t.Fatalf("%d writes of the parent refused, want 1 (the fused end's)", n)
+	}
+	if o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != "leaf answer" {
+		t.Fatalf("run result %+v %v, want completed with the child's answer", o.res, o.err)
+	}
+	if got := root.(*lapseParent).finishes(t); got["fused-1"] != "completed" || len(got) != 1 {
+		t.Fatalf("finish hook ledger %v, want fused-1 completed", got)
+	}
+	var status string
+	var delivered bool
+	if err := e.RT.DB().View(ctx, func(tx store.Tx) error {
+		return tx.QueryRow(ctx, `SELECT status, finish_delivered_at IS NOT NULL FROM agent_tool_runs WHERE run_id = ?`, "fused-1").Scan(&status, &delivered)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if status != "completed" || !delivered {
+		t.Fatalf("fused-1 recorded %s, delivered=%v: want completed and delivered", status, delivered)
+	}
+}

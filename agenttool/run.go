@@ -489,6 +489,15 @@ func truncateRunes(s string, n int) string {
 	return string(r[:n])
 }
 
+// served reports whether this copy of the instance is the one the runtime
+// serves at its path now (hydrated and started). A copy dropped because its
+// node lost the shard's lease (its writes are fenced), evicted or
+// destroyed is not, whether or not the instance was hydrated again.
+func (h *host) served() bool {
+	a, ok := h.rt.Lookup(h.b.Path())
+	return ok && a == h.a
+}
+
 // current returns the host of the parent instance now in memory: this one,
 // or — when this parent was evicted while it awaited a run — the one that
 // replaced it, so the clients connected there see the run's end.
