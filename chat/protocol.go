@@ -220,8 +220,27 @@ func (c *core) onResumeRequest(conn *agent.Conn, probeID string) {
 // onResumeAck replays a stream to a connection that accepted the offer:
 // every chunk so far, then (live) replayComplete and live chunks from then
 // on, or (finished) the terminal frame.
+//
+// A turn that has not started (queued behind another one, as a client's
+// own turn is behind another tab's or a notice's) has no stream to replay
+// yet, and none to end: the connection takes it live from its start (the
+// reference server ignores such an ack while another stream is active).
+// A recovered turn's chunks from before the crash are stored, never sent
+// live: the connection gets them replayed when the turn reads them
+// (keepStored).
 func (c *core) onResumeAck(ctx context.Context, conn *agent.Conn, id string) {
 	c.mu.Lock()
+	if t := c.notLoadedLocked(id); t != nil {
+		delete(c.pending, conn)
+		if t.recovering {
+			if t.acked == nil {
+				t.acked = map[*agent.Conn]bool{}
+			}
+			t.acked[conn] = true
+		}
+		c.mu.Unlock()
+		return
+	}
 	if t := c.active; t != nil && t.row.ID == id {
 		for _, sc := range t.chunks {
 			seq := sc.Seq
@@ -263,6 +282,20 @@ func (c *core) onResumeAck(ctx context.Context, conn *agent.Conn, id string) {
 	}
 	conn.Send(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: id, Done: true, Replay: true, MessageIDs: row.MessageIDs,
 		Outcome: row.Outcome, Continuation: row.Continuation})
+}
+
+// notLoadedLocked returns turn id if it is queued, or active and
+// recovering but without its stored stream read yet. c.mu held.
+func (c *core) notLoadedLocked(id string) *turn {
+	if t := c.active; t != nil && t.row.ID == id && t.recovering && !t.loaded {
+		return t
+	}
+	for _, t := range c.queue {
+		if t.row.ID == id {
+			return t
+		}
+	}
+	return nil
 }
 
 // clear wipes the transcript and streams, aborts the turns, and tells the

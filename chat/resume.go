@@ -8,6 +8,7 @@ import (
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/store"
+	"github.com/agentry/agentry/wire"
 )
 
 // prepareRecovery decides how an interrupted turn resumes. Every stored
@@ -169,6 +170,22 @@ func (c *core) keepStored(t *turn, chunks []storedChunk) {
 	t.chunks = chunks
 	t.loaded = true
 	t.kept = len(chunks)
+	// A connection that acknowledged the turn before (it was queued) gets
+	// the kept stream replayed, and what follows live; it needs no offer.
+	for conn := range t.acked {
+		delete(c.awaiting, conn)
+		if !c.admitted[conn] || len(chunks) == 0 {
+			continue
+		}
+		for _, sc := range chunks {
+			seq := sc.Seq
+			conn.SendRaw(encodeResponse(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Body: sc.Body, Seq: &seq,
+				Replay: true, Continuation: t.row.Continuation}))
+		}
+		conn.SendRaw(encodeResponse(wire.ChatResponseFrame{Type: wire.ChatResponse, ID: t.row.ID, Replay: true,
+			ReplayComplete: true, Continuation: t.row.Continuation}))
+	}
+	t.acked = nil
 	if len(chunks) > 0 {
 		// A connection that probed while the turn was recovering gets its
 		// offer of the kept stream.

@@ -36,7 +36,8 @@ type turn struct {
 	// committed chunks (the output gate: only those reach clients);
 	// unflushed wait for their commit.
 	started    bool
-	loaded     bool // chunks hold the stored stream (a recovering turn: once prepareRecovery read it)
+	loaded     bool                 // chunks hold the stored stream (a recovering turn: once prepareRecovery read it)
+	acked      map[*agent.Conn]bool // acknowledged a recovering turn's stream before it was read: keepStored replays it to them
 	chunks     []storedChunk
 	unflushed  []storedChunk
 	nextSeq    int
