@@ -501,20 +501,23 @@ func TestRunningBoundRestart(t *testing.T) {
 	}
 
 	e = slotStart(t, k, dir, agenttool.Options{})
-	p = e.parent(t) // its recovery resumes the runs
-	e.ev.waitWhere(t, ctx, func() string { return "r1 resumed" }, func(ev diag.Event) bool {
-		return ev.Type == "recovery:queued" && ev.Attrs["runId"] == "r1"
-	})
-	k.let("r0") // if its child's turn runs again, it ends
+	p = e.parent(t) // its recovery re-attaches r0 and resumes r1 and r2
+	// r0's child goes on with its turn (the chat's recovery), and its run,
+	// re-attached, holds the one slot: r1 and r2 wait in line behind it.
+	if got := k.nextStart(t, ctx); got != "r0" {
+		t.Fatalf("started %s, want r0's turn going on", got)
+	}
+	e.waitQueued(t, ctx, "r1")
+	e.waitQueued(t, ctx, "r2")
+	if running, waiting := slotCounts(t, p); running != 1 || waiting != 2 {
+		t.Fatalf("after the restart: %d running, %d waiting; want 1, 2", running, waiting)
+	}
+	if r := getRun(t, p, "r1"); r.Status != agenttool.StatusStarting {
+		t.Fatalf("r1 after the restart: %+v", r)
+	}
+	k.let("r0")
 	for _, id := range []string{"r1", "r2"} {
-		// In line behind r0 (which holds its slot as it is re-attached),
-		// then behind r1.
-		if got := k.nextStart(t, ctx); got == "r0" {
-			got = k.nextStart(t, ctx)
-			if got != id {
-				t.Fatalf("started %s, want %s", got, id)
-			}
-		} else if got != id {
+		if got := k.nextStart(t, ctx); got != id {
 			t.Fatalf("started %s, want %s", got, id)
 		}
 		k.let(id)
