@@ -171,16 +171,22 @@ func (h *host) detachedColumns(o *DetachedOptions, now time.Time) (detachedCols,
 // follow keeps following a detached run in the background (the fast path):
 // its chunks reach the parent's clients and its end is delivered as soon as
 // it happens, while the parent is in memory.
-func (h *host) follow(row runRow) {
+func (h *host) follow(row runRow) { h.followHeld(row, nil) }
+
+// followHeld is follow for a run that holds slot s of its parent's bound
+// on runs executing at once: the follower holds it until the run ends.
+func (h *host) followHeld(row runRow, s *runSlot) {
 	h.mu.Lock()
 	_, live := h.live[row.RunID]
 	h.mu.Unlock()
 	if live {
+		s.release()
 		return
 	}
 	release := h.b.KeepAlive()
 	h.rt.Go(func(ctx context.Context) {
 		defer release()
+		defer s.release()
 		ctx = agent.WithAgent(ctx, h.a)
 		if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
 			h.followRemote(ctx, row, r)
@@ -382,6 +388,11 @@ func (h *host) reconcileRun(ctx context.Context, row runRow) {
 		}
 		return
 	}
+	if row.Status == StatusStarting && row.queued != nil {
+		// Waiting for a slot (here, or again after a restart).
+		h.queueDetached(row, row.queued)
+		return
+	}
 	if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
 		h.reconcileRemote(ctx, row, r)
 		return
@@ -507,9 +518,18 @@ func (h *host) resumeDetached(ctx context.Context) {
 	if err := h.armReconcile(ctx, false); err != nil {
 		h.b.Logger().Error("agenttool: arm reconcile", "err", err)
 	}
+	// The runs executing already hold slots of the parent's bound before
+	// the runs that were waiting for one wait again.
+	var queued []runRow
 	for _, row := range rows {
-		if row.Status.Active() {
-			h.follow(row)
+		switch {
+		case row.Status == StatusStarting && row.queued != nil:
+			queued = append(queued, row)
+		case row.Status.Active():
+			h.followHeld(row, h.forceSlot())
 		}
+	}
+	for _, row := range queued {
+		h.queueDetached(row, row.queued)
 	}
 }

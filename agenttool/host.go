@@ -32,6 +32,12 @@ type Options struct {
 	// also implements Hints, the follower is woken by them and polls ten
 	// times less often, as a fallback for a lost hint.
 	RemotePoll time.Duration
+	// MaxRunningAgentTools bounds, per parent, the agent-tool runs whose
+	// child executes at once: a run past it is recorded and announced
+	// (status starting) and waits for a slot, first come first served; it
+	// is never refused. Zero means DefaultMaxRunningAgentTools, negative
+	// unlimited; a parent's RunningLimiter overrides it.
+	MaxRunningAgentTools int
 }
 
 type optionsKey struct{}
@@ -51,7 +57,10 @@ func Install(rt *agent.Runtime, opts Options) error {
 	if err := rt.DeclareHooks(hooks...); err != nil {
 		return err
 	}
-	if err := rt.Use(func(a agent.Agent) agent.Layer { return &host{a: a, b: agent.BaseOf(a), rt: rt, opts: o} }); err != nil {
+	slots := newSlotTable()
+	if err := rt.Use(func(a agent.Agent) agent.Layer {
+		return &host{a: a, b: agent.BaseOf(a), rt: rt, opts: o, slots: slots}
+	}); err != nil {
 		return err
 	}
 	rt.SetValue(optionsKey{}, o)
@@ -63,6 +72,7 @@ var hooks = []agent.Hook{
 	agent.HookFor[StartObserver](nil),
 	agent.HookFor[FinishObserver](nil),
 	agent.HookFor[ConcurrencyLimiter](nil),
+	agent.HookFor[RunningLimiter](nil),
 	agent.HookFor[ProgressObserver](nil),
 	agent.HookFor[DetachedBudgeter](nil),
 	agent.HookFor[CompletionFormatter](nil),
@@ -132,6 +142,9 @@ type host struct {
 	rt   *agent.Runtime
 	opts *Options
 	iid  int64
+	// slots bound the runs executing at once, per parent (slots.go); one
+	// table serves the runtime.
+	slots *slotTable
 
 	armMu sync.Mutex // serializes arming the reconcile tick
 	mu    sync.Mutex
@@ -171,6 +184,7 @@ type host struct {
 	fresh     bool
 	unstarted map[string]chan struct{} // parent: recovered runs whose child never started
 	watchers  map[string][]*watcher    // parent: WatchRun subscriptions by run id
+	queued    map[string]*queuedRun    // parent: detached runs waiting for a slot here
 }
 
 var (

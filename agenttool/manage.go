@@ -38,12 +38,21 @@ func CancelAgentTool(ctx context.Context, parent agent.Agent, runID, reason stri
 			}
 		})
 	}
+	// A detached run waiting for its slot here leaves the queue; its child
+	// never starts (its start checks that the run is still starting).
+	unqueued := h.cancelQueued(ctx, runID)
 	row, ok, err := h.readRun(ctx, runID)
 	if err != nil {
 		return fmt.Errorf("agenttool: cancel %s: %w", runID, err)
 	}
 	if !ok || row.Status.Hard() {
 		return nil
+	}
+	if unqueued {
+		// It was waiting for a slot: it has no child, and the end recorded
+		// now keeps one from starting.
+		_, err = h.finish(ctx, row, Result{Status: StatusAborted, Error: reason}, 0)
+		return err
 	}
 	mark := 0
 	if r := h.remote(h.b.Path().Child(row.AgentType, runID)); r != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -108,9 +109,21 @@ const recoveryLookahead = 16
 // deadline) is not ended for that: it goes on being classified in the
 // background (deferred), so that it ends once, with what its child did.
 func (h *host) recover(ctx context.Context, rows []runRow) {
+	// The runs that were waiting for a slot wait again and start with the
+	// input of their dispatch; they are not inspected (a local child's
+	// record of a run is written with the run's start, and a start is
+	// idempotent).
+	var queued []runRow
+	rows = slices.DeleteFunc(slices.Clone(rows), func(r runRow) bool {
+		if r.Status == StatusStarting && r.queued != nil {
+			queued = append(queued, r)
+			return true
+		}
+		return false
+	})
 	clock := h.rt.Clock()
 	start := clock.Now()
-	h.publish(ctx, "recovery:begin", map[string]any{"runCount": len(rows), "totalTimeoutMs": recoveryDeadline.Milliseconds()})
+	h.publish(ctx, "recovery:begin", map[string]any{"runCount": len(rows) + len(queued), "totalTimeoutMs": recoveryDeadline.Milliseconds()})
 	deadline := start.Add(recoveryDeadline)
 	var reattach []pendingReattach
 	type waiting struct {
@@ -162,7 +175,9 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			case insp == nil:
 				unstarted = append(unstarted, waiting{row, h.awaitStart(row.RunID)})
 			default:
-				remote = append(remote, remotePending{row, insp.RequestID, r})
+				// Executing already: it holds a slot before the runs that
+				// were waiting take theirs.
+				remote = append(remote, remotePending{row, insp.RequestID, r, h.forceSlot()})
 			}
 			continue
 		}
@@ -199,6 +214,9 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 				h.recoveredRow(ctx, row, start, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 				continue
 			}
+			// Executing already: it holds a slot before the runs that
+			// were waiting take theirs.
+			p.slot = h.forceSlot()
 			reattach = append(reattach, p)
 		}
 	}
@@ -211,6 +229,19 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			defer wg.Done()
 			h.awaitRedispatch(ctx, w.row, w.started, lim, start)
 		}()
+	}
+	for _, row := range queued {
+		// In line one after the other, in the order of their dispatch.
+		inLine := make(chan struct{})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.resumeQueued(ctx, row, func() { close(inLine) })
+		}()
+		select {
+		case <-inLine:
+		case <-ctx.Done():
+		}
 	}
 	for _, p := range remote {
 		wg.Add(1)
@@ -235,7 +266,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 		}()
 	}
 	wg.Wait()
-	h.publish(ctx, "recovery:complete", map[string]any{"runCount": len(rows), "elapsedMs": clock.Since(start).Milliseconds()})
+	h.publish(ctx, "recovery:complete", map[string]any{"runCount": len(rows) + len(queued), "elapsedMs": clock.Since(start).Milliseconds()})
 }
 
 // remotePending is a recovered run whose child, on another node, has a
@@ -244,12 +275,14 @@ type remotePending struct {
 	row      runRow
 	streamID string
 	r        Remote
+	slot     *runSlot // held while the run is followed (nil: taken then)
 }
 
 // reattachRemote follows a recovered run whose child is on another node
 // (p) to its end, starting the child's turn first if it was recorded but
 // not started.
 func (h *host) reattachRemote(ctx context.Context, p remotePending, start time.Time) {
+	defer p.slot.release()
 	clock := h.rt.Clock()
 	child := h.b.Path().Child(p.row.AgentType, p.row.RunID)
 	streamID := p.streamID
@@ -287,6 +320,7 @@ type pendingReattach struct {
 	child agent.Agent
 	ch    *host
 	cr    *childRun
+	slot  *runSlot // held while the run is followed (nil: taken then)
 }
 
 // pendingOf returns the re-attach of a run whose child records it as
@@ -298,14 +332,18 @@ func (h *host) pendingOf(ctx context.Context, row runRow, child agent.Agent, ch 
 		if err != nil {
 			return pendingReattach{}, err
 		}
-		return pendingReattach{row, child, ch, cr}, nil
+		return pendingReattach{row: row, child: child, ch: ch, cr: cr}, nil
 	}
-	return pendingReattach{row, child, ch, ch.track(row.RunID, insp.RequestID, false)}, nil
+	return pendingReattach{row: row, child: child, ch: ch, cr: ch.track(row.RunID, insp.RequestID, false)}, nil
 }
 
 // reattachRecovered follows a recovered run whose child still runs it to
 // its end, within the re-attach limits.
 func (h *host) reattachRecovered(ctx context.Context, p pendingReattach, lim reattachLimits, start time.Time) {
+	if p.slot == nil {
+		p.slot = h.forceSlot()
+	}
+	defer p.slot.release()
 	if p.row.Status == StatusStarting {
 		// The dispatch died after starting the child but before
 		// recording it running: the child has its turn now.

@@ -24,6 +24,9 @@ type runRow struct {
 	// in flight (a recovery's, which read it so), never over one that
 	// another path ended meanwhile, interrupted or not.
 	inFlight bool
+	// queued is the input of a run waiting for a slot (queued_input),
+	// kept until its child starts.
+	queued json.RawMessage
 }
 
 // detachedCols are the registry columns of a detached run.
@@ -42,7 +45,7 @@ type detachedCols struct {
 const runCols = `run_id, parent_tool_call_id, agent_type, input_preview, status, summary, output_json, error_message,
 	interrupted_reason, child_still_running, display_metadata, display_order, started_at, completed_at, terminal_marks,
 	detached, detached_on_finish, detached_notify, detached_notify_source, detached_max_budget_at,
-	detached_no_progress_budget_ms, detached_on_milestones, finish_delivered_at, give_up_delivered_at, usage_json, token_budget, trace_parent`
+	detached_no_progress_budget_ms, detached_on_milestones, finish_delivered_at, give_up_delivered_at, usage_json, token_budget, trace_parent, queued_input`
 
 func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	var row runRow
@@ -52,13 +55,16 @@ func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	var detached, notify int
 	var onFinish, source, onMilestones, traceParent sql.NullString
 	var maxAt, noProgress, finishDelivered, giveUpDelivered sql.NullInt64
-	var usage, budget sql.NullString
+	var usage, budget, queued sql.NullString
 	err := r.Scan(&row.RunID, &ptc, &row.AgentType, &preview, &row.Status, &summary, &output, &errMsg,
 		&reason, &still, &display, &row.DisplayOrder, &started, &completed, &marks,
 		&detached, &onFinish, &notify, &source, &maxAt, &noProgress, &onMilestones, &finishDelivered, &giveUpDelivered,
-		&usage, &budget, &traceParent)
+		&usage, &budget, &traceParent, &queued)
 	if err != nil {
 		return row, err
+	}
+	if queued.Valid {
+		row.queued = json.RawMessage(queued.String)
 	}
 	if usage.Valid {
 		var u chat.Usage
@@ -154,14 +160,15 @@ func (h *host) queryRuns(ctx context.Context, tx store.Tx, where string, args ..
 // insertRun writes a new starting row unless the concurrency cap is
 // reached (checked in the same statement). It reports whether the row was
 // written; inserted=false with exists=true means the run id is taken.
-func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detachedCols) (inserted, exists bool, err error) {
+// queued is the input of a run that waits for a slot (nil otherwise).
+func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detachedCols, queued json.RawMessage) (inserted, exists bool, err error) {
 	ms := h.takeMarks()
 	err = h.b.DB().Update(ctx, func(tx store.Tx) error {
 		var err error
 		if err := h.writeMarksTx(ctx, tx, ms); err != nil {
 			return err
 		}
-		inserted, exists, err = h.insertRunTx(ctx, tx, r, maxActive, det)
+		inserted, exists, err = h.insertRunTx(ctx, tx, r, maxActive, det, queued)
 		return err
 	})
 	if err != nil {
@@ -181,7 +188,7 @@ func (h *host) insertRun(ctx context.Context, r Run, maxActive int, det detached
 const countInFlight = `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND status IN ('starting', 'running')`
 
 // insertRunTx is insertRun's writes in tx; the row gets r.Status.
-func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive int, det detachedCols) (inserted, exists bool, err error) {
+func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive int, det detachedCols, queued json.RawMessage) (inserted, exists bool, err error) {
 	display, _ := marshalOrNil(r.Display)
 	var maxAt, noProgress, milestones any
 	if det.MaxBudgetAt != nil {
@@ -212,11 +219,13 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 		}
 		query := `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
 				status, display_metadata, display_order, started_at, detached, detached_on_finish, detached_notify,
-				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones, token_budget, trace_parent)
-			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones, token_budget, trace_parent,
+				queued_input)
+			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
 		args := []any{h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
 			r.Status, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
-			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), nullStr(agent.TraceParent(ctx))}
+			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), nullStr(agent.TraceParent(ctx)),
+			queuedColumn(queued)}
 		if maxActive > 0 {
 			// The cap counts the runs in flight through the partial index
 			// agent_tool_runs_active (its condition written the same way),
@@ -246,7 +255,7 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 
 func (h *host) markRunning(ctx context.Context, runID string) error {
 	return h.b.DB().Update(ctx, func(tx store.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ? WHERE instance_id = ? AND run_id = ? AND status = ?`,
+		_, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ?, queued_input = NULL WHERE instance_id = ? AND run_id = ? AND status = ?`,
 			StatusRunning, h.iid, runID, StatusStarting)
 		return err
 	})
@@ -375,7 +384,7 @@ func writeTerminalTx(ctx context.Context, tx store.Tx, p *host, runID string, re
 		}
 		r, err := tx.Exec(ctx, `UPDATE agent_tool_runs SET status = ?, summary = ?, output_json = ?, error_message = ?,
 				interrupted_reason = ?, child_still_running = ?, completed_at = ?, terminal_marks = ?,
-				usage_json = COALESCE(?, usage_json)`+setDelivered+`
+				usage_json = COALESCE(?, usage_json), queued_input = NULL`+setDelivered+`
 			WHERE instance_id = ? AND run_id = ? AND `+open,
 			append(args, iid, runID)...)
 		if err != nil {
@@ -389,6 +398,15 @@ func writeTerminalTx(ctx context.Context, tx store.Tx, p *host, runID string, re
 		return p.b.KeepAwakeTx(ctx, tx, finishWakeReason(runID))
 	}()
 	return won, marks, err
+}
+
+// queuedColumn is the queued_input of a waiting run's input (null for a
+// run that does not wait).
+func queuedColumn(in json.RawMessage) any {
+	if in == nil {
+		return nil
+	}
+	return string(orNull(in))
 }
 
 func nullStr(s string) any {

@@ -385,8 +385,12 @@ func (h *host) remoteInspection(ctx context.Context, child agent.Path, runID str
 }
 
 // runRemote dispatches a recorded run to a child on another node and, for
-// an awaited run, follows it to its end.
-func (h *host) runRemote(ctx, awaitCtx context.Context, row runRow, input json.RawMessage, r Remote) (Result, error) {
+// an awaited run, follows it to its end. s is the run's slot of its
+// parent's bound on runs executing at once: the parent holds it while it
+// follows the child (a detached run's follower holds it).
+func (h *host) runRemote(ctx, awaitCtx context.Context, row runRow, input json.RawMessage, r Remote, s *runSlot) (Result, error) {
+	held := s
+	defer func() { held.release() }()
 	child := h.b.Path().Child(row.AgentType, row.RunID)
 	streamID, err := r.StartChild(ctx, RemoteStart{ParentPath: h.b.Path(), Class: row.AgentType, RunID: row.RunID, Input: input})
 	if err != nil {
@@ -406,7 +410,8 @@ func (h *host) runRemote(ctx, awaitCtx context.Context, row runRow, input json.R
 		if err := h.armReconcile(ctx, true); err != nil {
 			h.b.Logger().Error("agenttool: arm reconcile", "err", err)
 		}
-		h.follow(row)
+		held = nil
+		h.followHeld(row, s)
 		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusRunning}, nil
 	}
 	return h.awaitRemote(awaitCtx, row, child, streamID, input, r)
@@ -499,6 +504,16 @@ func (h *host) redispatchRemote(ctx context.Context, row runRow, input json.RawM
 		streamID = insp.RequestID
 	}
 	if streamID == "" {
+		// Not started (a crash before, or it was waiting for its slot):
+		// it starts once it has a slot, held while it is followed.
+		s, err := h.awaitSlot(ctx, row)
+		if err != nil {
+			if h.rt.Context().Err() != nil {
+				return Result{}, agent.ErrClosed
+			}
+			return h.finish(context.WithoutCancel(ctx), row, Result{Status: StatusAborted, Error: causeText(ctx)}, 0)
+		}
+		defer s.release()
 		streamID, err = r.StartChild(ctx, RemoteStart{ParentPath: h.b.Path(), Class: row.AgentType, RunID: row.RunID, Input: input})
 		if err != nil {
 			if h.unreached(err) {

@@ -29,6 +29,11 @@ type liveRun struct {
 // flight (or interrupted) is followed to its end. Canceling ctx aborts the
 // run (status aborted, with the context's cause as the reason).
 //
+// Past the parent's bound on runs executing at once (RunningLimiter) the
+// run is recorded and announced as starting and waits for a slot, first
+// come first served, before its child starts; the wait is an await point
+// of the parent, and canceling ctx meanwhile aborts the run.
+//
 // The error is non-nil only when the run could not be dispatched: an
 // unknown class, a concurrency cap reached (*CapError; the run id is not
 // consumed), a child that is not a chat agent, a storage failure, or (in a
@@ -124,12 +129,23 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	if l, ok := parent.(ConcurrencyLimiter); ok {
 		maxActive = l.MaxConcurrentAgentTools()
 	}
-	if !det.Detached && maxActive <= 0 {
+	// A slot of the parent's bound on runs executing at once, if one is
+	// free now; otherwise the run is recorded, announced, and waits.
+	s, free := h.trySlot()
+	if !det.Detached && maxActive <= 0 && free {
 		if res, err, ok := h.runFused(ctx, awaitCtx, parent, run, input, det, unregister); ok {
+			s.release()
 			return res, err
 		}
 	}
-	inserted, exists, err := h.insertRun(ctx, run, maxActive, det)
+	var queued json.RawMessage
+	if !free {
+		queued = input
+	}
+	inserted, exists, err := h.insertRun(ctx, run, maxActive, det, queued)
+	if err != nil || exists || !inserted {
+		s.release()
+	}
 	if err != nil {
 		return Result{}, fmt.Errorf("agenttool: record run: %w", err)
 	}
@@ -147,20 +163,47 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	}
 	h.announce(ctx, parent, run)
 
-	row := runRow{Run: run, det: det, traceParent: agent.TraceParent(ctx)}
+	row := runRow{Run: run, det: det, traceParent: agent.TraceParent(ctx), queued: queued}
 	if det.Detached {
 		// The run must not inherit the turn's cancellation.
 		ctx = agent.WithAgent(context.WithoutCancel(ctx), parent)
 	}
-	if r := h.remote(h.b.Path().Child(class, runID)); r != nil {
-		return h.runRemote(ctx, awaitCtx, row, input, r)
+	if !free {
+		return h.queue(ctx, awaitCtx, row, input)
 	}
-	child, releaseChild, err := h.rt.Acquire(ctx, h.b.Path().Child(class, runID))
+	return h.dispatchChild(ctx, awaitCtx, row, input, s, false)
+}
+
+// dispatchChild starts the child of a recorded run that holds slot s (nil:
+// an unlimited parent's) and, for an awaited run, follows it to its end;
+// the slot is held until then (a detached run's follower holds it). A run
+// that waited for its slot (queued) starts its child only if it is still
+// starting, in the same transaction that marks it running: a cancel or a
+// clear that came first leaves no child.
+func (h *host) dispatchChild(ctx, awaitCtx context.Context, row runRow, input json.RawMessage, s *runSlot, queued bool) (Result, error) {
+	held := s
+	defer func() { held.release() }()
+	runID, class := row.RunID, row.AgentType
+	childPath := h.b.Path().Child(class, runID)
+	if queued {
+		if r := h.remote(childPath); r != nil {
+			if fresh, ok, err := h.readRun(ctx, runID); err != nil || !ok || fresh.Status != StatusStarting {
+				s.release()
+				return h.notStarted(ctx, awaitCtx, row, err)
+			}
+		}
+	}
+	if r := h.remote(childPath); r != nil {
+		held = nil
+		return h.runRemote(ctx, awaitCtx, row, input, r, s)
+	}
+	child, releaseChild, err := h.rt.Acquire(ctx, childPath)
 	if err != nil {
-		if r := h.remote(h.b.Path().Child(class, runID)); r != nil {
+		if r := h.remote(childPath); r != nil {
 			// The child's shard left this node meanwhile (its lease
 			// lapsed): its new owner starts it.
-			return h.runRemote(ctx, awaitCtx, row, input, r)
+			held = nil
+			return h.runRemote(ctx, awaitCtx, row, input, r, s)
 		}
 		return h.dispatchFailed(ctx, row, h.runError(runID, fmt.Errorf("start child: %w", err)))
 	}
@@ -169,31 +212,67 @@ func (h *host) run(ctx context.Context, parent agent.Agent, class string, opts R
 	if err != nil {
 		return Result{}, err
 	}
-	cr, _, err := ch.startChildRun(ctx, runID, input, ChildRequest{RunID: runID, AgentType: class, ParentPath: h.b.Path()}, childStart{})
+	opt := childStart{}
+	if queued {
+		opt = childStart{parent: h.a, parentTx: h.startQueuedTx(runID)}
+	}
+	cr, started, err := ch.startChildRun(ctx, runID, input, ChildRequest{RunID: runID, AgentType: class, ParentPath: h.b.Path()}, opt)
 	if err != nil {
-		if r := h.remote(h.b.Path().Child(class, runID)); r != nil {
+		if errors.Is(err, errNotStarting) {
+			s.release()
+			return h.notStarted(ctx, awaitCtx, row, nil)
+		}
+		if r := h.remote(childPath); r != nil {
 			// Refused by the fence: the child's shard left this node
 			// meanwhile. Starting is idempotent; its new owner does it.
-			return h.runRemote(ctx, awaitCtx, row, input, r)
+			held = nil
+			return h.runRemote(ctx, awaitCtx, row, input, r, s)
 		}
 		return h.dispatchFailed(ctx, row, h.runError(runID, err))
 	}
-	if err := h.markRunning(ctx, runID); err != nil {
-		if h.rt.Context().Err() != nil {
-			// Shutting down: the run is recovered with the process.
-			return Result{}, agent.ErrClosed
+	if !queued || !started {
+		if err := h.markRunning(ctx, runID); err != nil {
+			if h.rt.Context().Err() != nil {
+				// Shutting down: the run is recovered with the process.
+				return Result{}, agent.ErrClosed
+			}
+			return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
 		}
-		return Result{}, fmt.Errorf("agenttool: mark running: %w", err)
 	}
 	row.Status = StatusRunning
-	if det.Detached {
+	if row.det.Detached {
 		if err := h.armReconcile(ctx, true); err != nil {
 			h.b.Logger().Error("agenttool: arm reconcile", "err", err)
 		}
-		h.follow(row)
+		held = nil
+		h.followHeld(row, s)
 		return Result{RunID: runID, AgentType: class, Status: StatusRunning}, nil
 	}
 	return h.await(awaitCtx, row, child, cr, reattachLimits{})
+}
+
+// notStarted answers for a queued run whose slot came after it stopped
+// waiting (canceled, cleared, started by another dispatch): its stored
+// result, or its handle.
+func (h *host) notStarted(ctx, awaitCtx context.Context, row runRow, err error) (Result, error) {
+	if err != nil {
+		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
+	}
+	fresh, ok, err := h.readRun(context.WithoutCancel(ctx), row.RunID)
+	if err != nil {
+		return Result{}, fmt.Errorf("agenttool: read run: %w", err)
+	}
+	if !ok {
+		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusAborted, Error: msgCancelled}, nil
+	}
+	if row.det.Detached {
+		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: fresh.Status}, nil
+	}
+	if fresh.Status.Active() {
+		// Started by another dispatch of the run id: follow it as one.
+		return h.redispatch(awaitCtx, fresh, false, row.queued)
+	}
+	return fresh.Result(), nil
 }
 
 // announce tells the parent's hook, the observers and the clients that a
@@ -253,7 +332,7 @@ func (h *host) runFused(ctx, awaitCtx context.Context, parent agent.Agent, run R
 			if err := h.writeMarksTx(ctx, tx, ms); err != nil {
 				return err
 			}
-			inserted, taken, err := h.insertRunTx(ctx, tx, running, 0, det)
+			inserted, taken, err := h.insertRunTx(ctx, tx, running, 0, det, nil)
 			switch {
 			case err != nil:
 				return err
@@ -365,20 +444,34 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 		return row.Result(), nil
 	}
 	if detached || row.det.Detached {
+		var s *runSlot
 		if row.Status == StatusStarting {
+			if h.isQueued(row.RunID) {
+				// Waiting for its slot here: it starts when it has one.
+				return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusStarting}, nil
+			}
+			free := false
+			if s, free = h.trySlot(); !free {
+				// No slot free: it waits for one, in line.
+				return h.queue(ctx, ctx, row, input)
+			}
 			// The first dispatch died between recording the run and
 			// starting its child: start it now, with this dispatch's
 			// input (starting is idempotent).
 			if err := h.startRecordedChild(ctx, row, input); err != nil {
+				s.release()
 				return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)
 			}
 			row.Status = StatusRunning
 		}
 		if err := h.armReconcile(ctx, false); err != nil {
+			s.release()
 			return Result{}, fmt.Errorf("agenttool: arm reconcile: %w", err)
 		}
 		if row.Status.Active() {
-			h.follow(row)
+			h.followHeld(row, s)
+		} else {
+			s.release()
 		}
 		return Result{RunID: row.RunID, AgentType: row.AgentType, Status: StatusRunning}, nil
 	}
@@ -410,13 +503,24 @@ func (h *host) redispatch(ctx context.Context, row runRow, detached bool, input 
 	var cr *childRun
 	if insp == nil || insp.RequestID == "" {
 		// The parent died between recording the run and starting the
-		// child (or the child between recording it and starting its turn):
-		// start it now, with this dispatch's input. Starting is idempotent.
+		// child (or the child between recording it and starting its turn),
+		// or the run was waiting for its slot: start it now, with this
+		// dispatch's input, once it has a slot. Starting is idempotent.
+		s, err := h.awaitSlot(ctx, row)
+		if err != nil {
+			if h.rt.Context().Err() != nil {
+				return Result{}, agent.ErrClosed
+			}
+			return h.finish(context.WithoutCancel(ctx), row, Result{Status: StatusAborted, Error: causeText(ctx)}, 0)
+		}
+		defer s.release()
 		cr, _, err = ch.startChildRun(ctx, row.RunID, input, ChildRequest{RunID: row.RunID, AgentType: row.AgentType, ParentPath: h.b.Path()}, childStart{})
 		if err != nil {
 			if r := h.remote(h.b.Path().Child(row.AgentType, row.RunID)); r != nil {
 				// Refused by the fence: the child's shard left this node
-				// meanwhile; its new owner starts it (idempotently).
+				// meanwhile; its new owner starts it (idempotently), once
+				// the run has a slot again.
+				s.release()
 				return h.redispatchRemote(ctx, row, input, r)
 			}
 			return h.finish(ctx, row, Result{Status: StatusError, Error: h.runError(row.RunID, err)}, 0)

@@ -124,4 +124,11 @@ var migrations = []store.Migration{{
 		`DROP INDEX IF EXISTS agent_tool_runs_started`,
 		`CREATE INDEX IF NOT EXISTS agent_tool_runs_active ON agent_tool_runs(instance_id) WHERE status IN ('starting', 'running')`,
 	},
+}, {
+	// queued_input is the input of a run that waits for a slot of its
+	// parent's bound on runs executing at once (RunningLimiter), null once
+	// its child started: a run that was waiting when the process stopped
+	// is started after the restart with the input of its dispatch.
+	Version:    8,
+	Statements: []string{`ALTER TABLE agent_tool_runs ADD COLUMN queued_input TEXT`},
 }}

@@ -9,6 +9,18 @@
 // agent tools imperatively with RunAgentTool, or give its model an
 // AgentTool. The child is addressed as the parent's sub-agent whose name is
 // the run id, so the same run id never starts a second child.
+//
+// A parent's runs execute a bounded number at a time: past
+// DefaultMaxRunningAgentTools (32; Options.MaxRunningAgentTools for the
+// runtime, a RunningLimiter method for a class, negative for unlimited) a
+// run is recorded and announced as usual, with status starting, and waits
+// for a slot, first come first served among the parent's runs; its child
+// starts when a running run of the parent ends. Such a run is never
+// refused (ConcurrencyLimiter is the refusing cap), canceling it while it
+// waits ends it aborted without a child, and one that waits when the
+// process stops waits again after the restart and starts with the input
+// of its dispatch. A child's own runs count against the child's slots,
+// never its parent's.
 package agenttool
 
 import (
@@ -81,7 +93,8 @@ type RunOptions struct {
 	// nil means a preview derived from Input (at most 500 characters).
 	InputPreview any
 	// Detached, when set, makes the run detached: RunAgentTool returns a
-	// handle (status running, or error) right after dispatch.
+	// handle (status running, starting while it waits for a slot of the
+	// parent's RunningLimiter bound, or error) right after dispatch.
 	Detached *DetachedOptions
 	// Tokens caps the tokens the run may use (zero fields: no cap). It
 	// is stored with the run, so a run followed again after a restart

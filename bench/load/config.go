@@ -58,8 +58,12 @@ type Config struct {
 	// Stuck sockets join users' instances and never read.
 	Stuck int
 	// Heavy, with Serve, adds a user who repeats fan-outs of Heavy
-	// children with no limit on how many run at once.
+	// children at once.
 	Heavy int
+	// HeavyRunning is the heavy user's parent's MaxRunningAgentTools:
+	// zero the runtime's default (agenttool.DefaultMaxRunningAgentTools),
+	// negative unlimited (every child of a fan-out executes at once).
+	HeavyRunning int
 	// Seed seeds the users' choices.
 	Seed int64
 	// Verbose logs every error.

@@ -22,21 +22,27 @@ import (
 const maxHeavy = 10000
 
 // fanParent is the heavy user's agent (-heavy, in-process only): a chat
-// agent whose HTTP operation fan-out?n= awaits n of the demo's Researcher
-// runs at once, with no limit on how many run together (the demo's
-// Assistant runs four at a time), as a Go application may do.
+// agent whose HTTP operation fan-out?n= dispatches n of the demo's
+// Researcher runs at once, with no cap refusing any (the demo's Assistant
+// refuses past four), as a Go application may do; at most running of
+// them execute at once (-heavy-running), the others wait for a slot.
 type fanParent struct {
 	chat.Base
-	m model.Model
+	m       model.Model
+	running int
 }
 
 // ChatModel is never asked: the fan-out runs without a turn.
 func (f *fanParent) ChatModel() model.Model { return f.m }
 
+// MaxRunningAgentTools bounds the fan-out's runs executing at once (zero:
+// the runtime's default).
+func (f *fanParent) MaxRunningAgentTools() int { return f.running }
+
 // fanClass is the agent class of the heavy user.
-func fanClass() agent.Class {
+func fanClass(running int) agent.Class {
 	m := scripted.New(scripted.WithMaxCalls(-1))
-	return agent.Class{Name: "Fan", Public: true, New: func() agent.Agent { return &fanParent{m: m} }}
+	return agent.Class{Name: "Fan", Public: true, New: func() agent.Agent { return &fanParent{m: m, running: running} }}
 }
 
 // OnRequest serves GET …/fan-out?n=: n awaited Researcher runs, answered

@@ -77,7 +77,7 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	}
 	logger := log.New(logw, "load: ", log.Ltime)
 	if cfg.Serve {
-		srv, err := serveDemo(ctx, cfg.Data, cfg.Delay, cfg.MaxTurns, cfg.Heavy > 0)
+		srv, err := serveDemo(ctx, cfg.Data, cfg.Delay, cfg.MaxTurns, cfg.Heavy > 0, cfg.HeavyRunning)
 		if err != nil {
 			return nil, err
 		}

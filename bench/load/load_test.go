@@ -27,7 +27,8 @@ var (
 
 // TestSmoke runs the generator against the demo served in this process
 // on a real SQLite file: every action of the mix, a shared instance, two
-// sockets that never read, a heavy user's fan-outs of 20, and, when node and test/npm's packages are
+// sockets that never read, a heavy user's fan-outs of 20 (4 executing at once, the others waiting for a
+// slot), and, when node and test/npm's packages are
 // there, one npm user. It asserts
 // correctness only (no error other than documented refusals, every
 // transcript whole), never timing: the machine may be busy.
@@ -51,7 +52,7 @@ func TestSmoke(t *testing.T) {
 	}
 	cfg := Config{Serve: true, Data: t.TempDir(), Delay: 5 * time.Millisecond, Users: *smokeUsers, Duration: *smokeDuration,
 		Mix: mix, Think: 100 * time.Millisecond, Shared: 0.4, Group: 2, TurnTimeout: 2 * time.Minute,
-		NPMShare: npmShare, NPMDir: npmDir, Stuck: 2, Heavy: 20, Seed: 1}
+		NPMShare: npmShare, NPMDir: npmDir, Stuck: 2, Heavy: 20, HeavyRunning: 4, Seed: 1}
 	rep := runChecked(t, cfg)
 	// The run did work and the check looked at it.
 	if rep.Turns == 0 || rep.Runs == 0 || rep.Check.Sent == 0 || rep.Check.Answers == 0 || rep.Check.Transcripts == 0 {

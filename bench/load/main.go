@@ -55,9 +55,11 @@
 //
 // With -heavy N (and -serve), one more user repeats fan-outs of N
 // Researcher runs at once, through an agent class registered for it that,
-// unlike the demo's Assistant, does not limit how many of its runs go on
-// together: compare the users' figures with and without it. Its fan-outs
-// are reported apart and its failures are errors.
+// unlike the demo's Assistant, refuses none of them: at most
+// -heavy-running of them execute at once (0: agenttool's default bound,
+// negative: all), the others wait for a slot. Compare the users' figures
+// with and without it. Its fan-outs are reported apart and its failures
+// are errors.
 //
 // With -npm-share, that share of the users are the real npm clients
 // (agents' AgentClient with @cloudflare/ai-chat's transport and the AI
@@ -150,6 +152,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.StringVar(&c.NPMDir, "npm-dir", "test/npm", "folder with npm-user.mjs and its node_modules")
 	fs.IntVar(&c.Stuck, "stuck", 0, "sockets that join the first users' instances and never read (compare the users' p99 with and without)")
 	fs.IntVar(&c.Heavy, "heavy", 0, "with -serve: one more user who repeats fan-outs of this many Researchers at once (compare the users' p99 with and without)")
+	fs.IntVar(&c.HeavyRunning, "heavy-running", 0, "with -heavy: the heavy parent's bound on its children executing at once (MaxRunningAgentTools; 0: the default, negative: unlimited)")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the users' choices")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write the generator's CPU profile (the server's too with -serve) to this file")
 	fs.BoolVar(&c.Verbose, "v", false, "log every error as it happens")

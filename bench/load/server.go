@@ -28,8 +28,9 @@ type inProcess struct {
 // serveDemo serves the demo, on its offline scripted models with delay
 // between chunks, from a new SQLite database in dir, on a loopback port:
 // what `agentry serve --data dir --delay delay --max-turns maxTurns`
-// serves, and with heavy the heavy user's class (fanClass).
-func serveDemo(ctx context.Context, dir string, delay time.Duration, maxTurns int, heavy bool) (*inProcess, error) {
+// serves, and with heavy the heavy user's class (fanClass, whose parent
+// runs at most heavyRunning children at once).
+func serveDemo(ctx context.Context, dir string, delay time.Duration, maxTurns int, heavy bool, heavyRunning int) (*inProcess, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data folder: %w", err)
 	}
@@ -48,7 +49,7 @@ func serveDemo(ctx context.Context, dir string, delay time.Duration, maxTurns in
 		return nil, fmt.Errorf("start the demo: %w", err)
 	}
 	if heavy {
-		err = d.Runtime.Register(fanClass())
+		err = d.Runtime.Register(fanClass(heavyRunning))
 	}
 	if err == nil {
 		err = d.Runtime.Start(ctx)

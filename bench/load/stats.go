@@ -175,7 +175,14 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "in the %s window: %.1f turns/s, %.1f child runs/s (%d turns, %d runs)\n", c.Duration, float64(r.WindowTurns)/win, float64(r.WindowRuns)/win, r.WindowTurns, r.WindowRuns)
 	fmt.Fprintf(w, "all, with the drain: %d turns, %d child runs in %.1f s\n", r.Turns, r.Runs, secs)
 	if r.Heavy != nil {
-		fmt.Fprintf(w, "heavy user (fan-outs of %d, not in the figures above): %s\n", c.Heavy, r.Heavy)
+		running := "the default bound"
+		switch {
+		case c.HeavyRunning > 0:
+			running = fmt.Sprintf("at most %d", c.HeavyRunning)
+		case c.HeavyRunning < 0:
+			running = "all"
+		}
+		fmt.Fprintf(w, "heavy user (fan-outs of %d, %s executing at once, not in the figures above): %s\n", c.Heavy, running, r.Heavy)
 	}
 	var as []string
 	for _, a := range slices.Sorted(maps.Keys(r.Actions)) {
