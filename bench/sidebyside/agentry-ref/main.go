@@ -79,6 +79,11 @@ type Assistant struct {
 func (a *Assistant) ChatModel() model.Model { return a.m }
 func (a *Assistant) SystemPrompt() string   { return "You are the parent assistant." }
 
+// MaxRunningAgentTools lifts the node's default bound on runs executing at
+// once per parent (agenttool.DefaultMaxRunningAgentTools): the reference
+// runs every child of a fan-out at once, and this server mirrors it.
+func (a *Assistant) MaxRunningAgentTools() int { return -1 }
+
 // RunSummary is what runOnce and run-once return (the reference's shape).
 type RunSummary struct {
 	RunID   string  `json:"runId"`
