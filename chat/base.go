@@ -83,6 +83,15 @@ type core struct {
 	accepts       int
 	wakeClearedAt int
 	wakeCleared   bool
+
+	// Guarded by acceptMu. keyed reports that a submission key may be
+	// stored for this instance, sweep that a stream the retention sweep
+	// deletes (one not retained) may be: both start true for an instance
+	// this hydration did not create, which may have rows of earlier
+	// processes, and become true with the first such row accepted. While
+	// false, accept reads no key and a turn's end runs no sweep (an
+	// agent-tool child's streams are all retained).
+	keyed, sweep bool
 }
 
 // Migrate applies the chat layer's schema to rt's database, once per
@@ -108,6 +117,8 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		follow:  map[string]map[*follower]struct{}{},
 		ending:  map[string]bool{},
 		next:    map[string][]chan string{},
+		keyed:   !b.Created(),
+		sweep:   !b.Created(),
 	}
 	b.c = c
 	if b.Created() {
@@ -447,6 +458,14 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	}
 	var existing string
 	now := c.rt.Clock().Now().UnixMilli()
+	// A key no earlier acceptance of this instance stored cannot exist.
+	lookup := c.keyed
+	if req.key != "" {
+		c.keyed = true
+	}
+	if !row.Retain {
+		c.sweep = true
+	}
 	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
 		// The instance's row lock orders concurrent acceptances (on an
 		// engine with concurrent writers): the submission key check and
@@ -466,7 +485,10 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 			}
 		}
 		if req.key != "" {
-			err := tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
+			err := sql.ErrNoRows
+			if lookup {
+				err = tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
+			}
 			if err == nil {
 				if req.tx != nil {
 					return req.tx(ctx, tx, existing)

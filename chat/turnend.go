@@ -50,6 +50,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	}
 	now := c.rt.Clock().Now()
 	cutoff := now.Add(-c.cfg.Retention).UnixMilli()
+	sweep := c.sweep
 	// The last chunks, the message and the turn's end are one
 	// transaction: a turn is either unfinished in storage with a prefix of
 	// its stream, or finished with all of it. A cleared stream gets
@@ -80,13 +81,16 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		if err := endIncident(ctx, tx, c.iid, t.row.ID); err != nil {
 			return err
 		}
-		// Retention: forget the chunks of streams that ended long ago.
-		if _, err := tx.Exec(ctx, `DELETE FROM chat_chunks WHERE instance_id = ? AND stream_id IN (
+		// Retention: forget the chunks of streams that ended long ago
+		// (none can be stored while c.sweep is false).
+		if sweep {
+			if _, err := tx.Exec(ctx, `DELETE FROM chat_chunks WHERE instance_id = ? AND stream_id IN (
 			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff); err != nil {
-			return err
+				return err
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff); err != nil {
+				return err
+			}
 		}
 		if idle {
 			if err := c.clearWake(ctx, tx); err != nil {
