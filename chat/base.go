@@ -84,13 +84,10 @@ type core struct {
 	wakeClearedAt int
 	wakeCleared   bool
 
-	// Guarded by acceptMu. keyed reports that a submission key may be
-	// stored for this instance, sweep that a stream the retention sweep
-	// deletes (one not retained) may be: both start true for an instance
-	// this hydration did not create, which may have rows of earlier
-	// processes, and become true with the first such row accepted. While
-	// false, accept reads no key and a turn's end runs no sweep (an
-	// agent-tool child's streams are all retained).
+	// Guarded by acceptMu: a submission key (keyed), a stream that is not
+	// retained (sweep) may be stored. True from the start on an instance
+	// this hydration did not create; else from the first such acceptance.
+	// While false, accept reads no key and a turn's end sweeps nothing.
 	keyed, sweep bool
 }
 
@@ -678,25 +675,6 @@ func (c *core) work(ctx context.Context) {
 			})
 		}
 	}
-}
-
-// clearWakeIfIdle drops the wake flag unless a turn is unfinished in
-// storage. One guarded statement, so a turn accepted concurrently (which sets
-// the flag in its own transaction) never loses it.
-func (c *core) clearWakeIfIdle(ctx context.Context) {
-	err := c.b.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
-	if err != nil && ctx.Err() == nil {
-		c.log.Error("chat: clear wake flag", "err", err)
-	}
-}
-
-// clearWake is clearWakeIfIdle's statement, for a transaction of its own
-// or a turn's end.
-func (c *core) clearWake(ctx context.Context, tx store.Tx) error {
-	_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
-		AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
-		c.iid, wakeReason, c.iid, statusDone)
-	return err
 }
 
 type follower struct{ fn func(seq int, body string) }

@@ -289,3 +289,22 @@ func (t *turn) markTools(ctx context.Context, start bool) error {
 		return err
 	})
 }
+
+// clearWakeIfIdle drops the wake flag unless a turn is unfinished in
+// storage. One guarded statement, so a turn accepted concurrently (which sets
+// the flag in its own transaction) never loses it.
+func (c *core) clearWakeIfIdle(ctx context.Context) {
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
+	if err != nil && ctx.Err() == nil {
+		c.log.Error("chat: clear wake flag", "err", err)
+	}
+}
+
+// clearWake is clearWakeIfIdle's statement, for a transaction of its own
+// or a turn's end.
+func (c *core) clearWake(ctx context.Context, tx store.Tx) error {
+	_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
+		AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
+		c.iid, wakeReason, c.iid, statusDone)
+	return err
+}
