@@ -455,14 +455,9 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	}
 	var existing string
 	now := c.rt.Clock().Now().UnixMilli()
-	// A key no earlier acceptance of this instance stored cannot exist.
-	lookup := c.keyed
-	if req.key != "" {
-		c.keyed = true
-	}
-	if !row.Retain {
-		c.sweep = true
-	}
+	lookup := c.keyed // a key no earlier acceptance stored cannot exist
+	c.keyed = c.keyed || req.key != ""
+	c.sweep = c.sweep || !row.Retain
 	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
 		// The instance's row lock orders concurrent acceptances (on an
 		// engine with concurrent writers): the submission key check and
@@ -482,19 +477,12 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 			}
 		}
 		if req.key != "" {
-			err := sql.ErrNoRows
-			if lookup {
-				err = tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
-			}
-			if err == nil {
-				if req.tx != nil {
-					return req.tx(ctx, tx, existing)
-				}
-				return nil
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO chat_submissions (instance_id, key, stream_id, created_at) VALUES (?, ?, ?, ?)`,
-				c.iid, req.key, row.ID, now); err != nil {
+			found, err := c.claimKey(ctx, tx, req.key, row.ID, now, lookup, &existing)
+			if err != nil || (found && req.tx == nil) {
 				return err
+			}
+			if found {
+				return req.tx(ctx, tx, existing)
 			}
 		}
 		if req.replace != nil {
@@ -563,6 +551,17 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	c.startWorkerLocked()
 	c.mu.Unlock()
 	return row.ID, nil
+}
+
+// claimKey records the submission key for the stream id, unless an
+// earlier acceptance stored it (found, its stream in existing). Without
+// lookup none can have (core.keyed): nothing is read.
+func (c *core) claimKey(ctx context.Context, tx store.Tx, key, id string, now int64, lookup bool, existing *string) (found bool, err error) {
+	if lookup && tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, key).Scan(existing) == nil {
+		return true, nil
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO chat_submissions (instance_id, key, stream_id, created_at) VALUES (?, ?, ?, ?)`, c.iid, key, id, now)
+	return false, err
 }
 
 // newID names a stream, a message or a part: short, and in creation order
