@@ -186,12 +186,20 @@ func (in *instance) hydrate(existing bool, limit func(context.Context) context.C
 
 // create inserts the rows of the instance and its ancestors that do not
 // exist yet, and reads the instance's id and state. It reports false when
-// it failed the instance.
+// it failed the instance. A parent hydrated here (an agent-tool run's
+// child is created by its resident parent) has its row and its ancestors'
+// rows: only the instance's own row is written and read.
 func (in *instance) create(ctx context.Context) bool {
 	rt := in.rt
+	from, parentID := 0, sql.NullInt64{}
+	if n := len(in.path); n > 1 {
+		if id, ok := rt.residentID(in.path[:n-1]); ok {
+			from, parentID = n-1, sql.NullInt64{Int64: id, Valid: true}
+		}
+	}
 	err := in.db().Update(ctx, func(tx store.Tx) error {
-		var parent sql.NullInt64
-		for i := range in.path {
+		parent := parentID
+		for i := from; i < len(in.path); i++ {
 			p := in.path[:i+1]
 			now := rt.clock.Now().UnixMilli()
 			res, err := tx.Exec(ctx, `INSERT INTO instances (path, class, name, parent_id, created_at)
@@ -227,6 +235,19 @@ func (in *instance) create(ctx context.Context) bool {
 		return false
 	}
 	return true
+}
+
+// residentID returns the row id of the instance at path when it is
+// resident and hydrated here. Its row exists: Destroy forgets the
+// instances whose rows it deletes (forgetDestroyed).
+func (rt *Runtime) residentID(path Path) (int64, bool) {
+	rt.mu.Lock()
+	in, ok := rt.instances[path.String()]
+	rt.mu.Unlock()
+	if !ok || !in.isReady() || in.hydrateErr != nil || in.id == 0 {
+		return 0, false
+	}
+	return in.id, true
 }
 
 // start builds the agent value, starts its layers and runs OnStart.

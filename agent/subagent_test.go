@@ -260,3 +260,33 @@ func TestDestroyThenReuse(t *testing.T) {
 		t.Fatalf("Destroy of a missing instance: %v", err)
 	}
 }
+
+// TestSubAgentRowsLinkToParents: a sub-agent created under a resident parent
+// (which writes only its own row) and one whose parent is not resident
+// (which writes the missing ancestors' rows too) both record their parent's
+// row as parent_id, and nothing is stored twice.
+func TestSubAgentRowsLinkToParents(t *testing.T) {
+	e := newRuntime(t, rtOptions{classes: []agent.Class{probeClass(newHooks())}})
+	e.start()
+	ctx := context.Background()
+	parent := getProbe(t, e.rt, agent.Root("Probe", "p"))
+	child, err := agent.SubAgent[*Probe](ctx, parent, "Probe", "kid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not resident: the path's parent and grandparent rows are written by
+	// the hydration of the leaf.
+	far := getProbe(t, e.rt, agent.Root("Probe", "q").Child("Probe", "mid").Child("Probe", "leaf"))
+	mid := e.queryInt(`SELECT id FROM instances WHERE path = ?`, agent.Root("Probe", "q").Child("Probe", "mid").String())
+	for _, c := range []struct {
+		p      *Probe
+		parent int64
+	}{{child, parent.InstanceID()}, {far, int64(mid)}} {
+		if got := e.queryInt(`SELECT parent_id FROM instances WHERE id = ?`, c.p.InstanceID()); int64(got) != c.parent {
+			t.Errorf("%s: parent_id %d, want %d", c.p.Path(), got, c.parent)
+		}
+	}
+	if n := e.queryInt(`SELECT COUNT(*) FROM instances`); n != 5 {
+		t.Errorf("%d instance rows, want 5 (p, p/kid, q, q/mid, q/mid/leaf)", n)
+	}
+}

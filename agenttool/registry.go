@@ -209,31 +209,35 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 		if err := tx.QueryRow(ctx, `SELECT id FROM instances WHERE id = ? FOR UPDATE`, h.iid).Scan(&locked); err != nil {
 			return err
 		}
-		var n int
-		if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID).Scan(&n); err != nil {
-			return err
-		}
-		if n > 0 {
-			exists = true
-			return nil
-		}
 		query := `INSERT INTO agent_tool_runs (instance_id, run_id, parent_tool_call_id, agent_type, input_preview,
 				status, display_metadata, display_order, started_at, detached, detached_on_finish, detached_notify,
 				detached_notify_source, detached_max_budget_at, detached_no_progress_budget_ms, detached_on_milestones, token_budget, trace_parent,
-				queued_input)
-			SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`
+				queued_input)`
 		args := []any{h.iid, r.RunID, nullStr(r.ParentToolCallID), r.AgentType, nullStr(string(r.InputPreview)),
 			r.Status, display, r.DisplayOrder, r.StartedAt.UnixMilli(), boolInt(det.Detached), nullStr(det.OnFinish),
 			boolInt(det.Notify), nullStr(det.NotifySource), maxAt, noProgress, milestones, r.TokenBudget.column(), nullStr(agent.TraceParent(ctx)),
 			queuedColumn(queued)}
 		if maxActive > 0 {
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT COUNT(*) FROM agent_tool_runs WHERE instance_id = ? AND run_id = ?`, h.iid, r.RunID).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				exists = true
+				return nil
+			}
 			// The cap counts the runs in flight through the partial index
 			// agent_tool_runs_active (its condition written the same way),
 			// not the whole registry. Without a cap nothing is counted:
 			// a parent with many retained runs dispatches as fast as a
 			// new one.
-			query += ` WHERE (` + countInFlight + `) < ?`
+			query += ` SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE (` + countInFlight + `) < ?`
 			args = append(args, h.iid, maxActive)
+		} else {
+			// Without a cap, the insert itself finds a run id the registry
+			// holds: it inserts nothing.
+			query += ` VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (instance_id, run_id) DO NOTHING`
 		}
 		res, err := tx.Exec(ctx, query, args...)
 		if err != nil {
@@ -241,6 +245,9 @@ func (h *host) insertRunTx(ctx context.Context, tx store.Tx, r Run, maxActive in
 		}
 		affected, err := res.RowsAffected()
 		inserted = affected == 1
+		if err == nil && maxActive <= 0 && !inserted {
+			exists = true
+		}
 		if err != nil || !inserted {
 			return err
 		}

@@ -83,6 +83,12 @@ type core struct {
 	accepts       int
 	wakeClearedAt int
 	wakeCleared   bool
+
+	// Guarded by acceptMu: a submission key (keyed), a stream that is not
+	// retained (sweep) may be stored. True from the start on an instance
+	// this hydration did not create; else from the first such acceptance.
+	// While false, accept reads no key and a turn's end sweeps nothing.
+	keyed, sweep bool
 }
 
 // Migrate applies the chat layer's schema to rt's database, once per
@@ -108,6 +114,8 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		follow:  map[string]map[*follower]struct{}{},
 		ending:  map[string]bool{},
 		next:    map[string][]chan string{},
+		keyed:   !b.Created(),
+		sweep:   !b.Created(),
 	}
 	b.c = c
 	if b.Created() {
@@ -447,6 +455,9 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	}
 	var existing string
 	now := c.rt.Clock().Now().UnixMilli()
+	lookup := c.keyed // a key no earlier acceptance stored cannot exist
+	c.keyed = c.keyed || req.key != ""
+	c.sweep = c.sweep || !row.Retain
 	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
 		// The instance's row lock orders concurrent acceptances (on an
 		// engine with concurrent writers): the submission key check and
@@ -466,16 +477,12 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 			}
 		}
 		if req.key != "" {
-			err := tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, req.key).Scan(&existing)
-			if err == nil {
-				if req.tx != nil {
-					return req.tx(ctx, tx, existing)
-				}
-				return nil
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO chat_submissions (instance_id, key, stream_id, created_at) VALUES (?, ?, ?, ?)`,
-				c.iid, req.key, row.ID, now); err != nil {
+			found, err := c.claimKey(ctx, tx, req.key, row.ID, now, lookup, &existing)
+			if err != nil || (found && req.tx == nil) {
 				return err
+			}
+			if found {
+				return req.tx(ctx, tx, existing)
 			}
 		}
 		if req.replace != nil {
@@ -544,6 +551,17 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	c.startWorkerLocked()
 	c.mu.Unlock()
 	return row.ID, nil
+}
+
+// claimKey records the submission key for the stream id, unless an
+// earlier acceptance stored it (found, its stream in existing). Without
+// lookup none can have (core.keyed): nothing is read.
+func (c *core) claimKey(ctx context.Context, tx store.Tx, key, id string, now int64, lookup bool, existing *string) (found bool, err error) {
+	if lookup && tx.QueryRow(ctx, `SELECT stream_id FROM chat_submissions WHERE instance_id = ? AND key = ?`, c.iid, key).Scan(existing) == nil {
+		return true, nil
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO chat_submissions (instance_id, key, stream_id, created_at) VALUES (?, ?, ?, ?)`, c.iid, key, id, now)
+	return false, err
 }
 
 // newID names a stream, a message or a part: short, and in creation order
@@ -656,25 +674,6 @@ func (c *core) work(ctx context.Context) {
 			})
 		}
 	}
-}
-
-// clearWakeIfIdle drops the wake flag unless a turn is unfinished in
-// storage. One guarded statement, so a turn accepted concurrently (which sets
-// the flag in its own transaction) never loses it.
-func (c *core) clearWakeIfIdle(ctx context.Context) {
-	err := c.b.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
-	if err != nil && ctx.Err() == nil {
-		c.log.Error("chat: clear wake flag", "err", err)
-	}
-}
-
-// clearWake is clearWakeIfIdle's statement, for a transaction of its own
-// or a turn's end.
-func (c *core) clearWake(ctx context.Context, tx store.Tx) error {
-	_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
-		AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
-		c.iid, wakeReason, c.iid, statusDone)
-	return err
 }
 
 type follower struct{ fn func(seq int, body string) }

@@ -230,3 +230,50 @@ func TestChunkPersistenceBatching(t *testing.T) {
 		t.Fatalf("%d write transactions for %d deltas, want fewer than 50", txs, deltas)
 	}
 }
+
+// TestRetentionSweep: a turn's end forgets the streams (and their chunks)
+// that ended more than Retention ago and were not retained, and keeps the
+// retained ones, also on an instance whose first turn was retained (as an
+// agent-tool child's are), which sweeps nothing until it has a stream that
+// is not.
+func TestRetentionSweep(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	k := &kit{model: scripted.New()}
+	r := newRig(t, rigOptions{clock: clock, cfg: chat.Config{Retention: time.Minute}, classes: []agent.Class{chatClass("Bot", k)}})
+	a := getChat(t, r.rt, "Bot", "sweep")
+	ctx := testCtx(t)
+	turn := func(text string, retain bool) string {
+		t.Helper()
+		id, err := a.SubmitMessages(ctx, []message.Message{userMsg(text)}, chat.SubmitOptions{Retain: retain})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res, err := a.WaitTurn(ctx, id); err != nil || res.Outcome != chat.OutcomeCompleted {
+			t.Fatalf("turn %q: %+v, %v", text, res, err)
+		}
+		return id
+	}
+	stored := func(id string) (streams, chunks int) {
+		t.Helper()
+		return count(t, r.sq, `SELECT COUNT(*) FROM chat_streams WHERE instance_id = ? AND id = ?`, a.InstanceID(), id),
+			count(t, r.sq, `SELECT COUNT(*) FROM chat_chunks WHERE instance_id = ? AND stream_id = ?`, a.InstanceID(), id)
+	}
+	kept := turn("one", true)
+	clock.Advance(2 * time.Minute)
+	turn("two", true)
+	if s, c := stored(kept); s != 1 || c == 0 {
+		t.Fatalf("retained stream swept: %d streams, %d chunks", s, c)
+	}
+	old := turn("three", false)
+	if s, c := stored(old); s != 1 || c == 0 {
+		t.Fatalf("fresh stream swept: %d streams, %d chunks", s, c)
+	}
+	clock.Advance(2 * time.Minute)
+	turn("four", true)
+	if s, c := stored(old); s != 0 || c != 0 {
+		t.Fatalf("stream older than Retention kept: %d streams, %d chunks", s, c)
+	}
+	if s, c := stored(kept); s != 1 || c == 0 {
+		t.Fatalf("retained stream swept: %d streams, %d chunks", s, c)
+	}
+}

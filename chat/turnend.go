@@ -50,6 +50,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	}
 	now := c.rt.Clock().Now()
 	cutoff := now.Add(-c.cfg.Retention).UnixMilli()
+	sweep := c.sweep
 	// The last chunks, the message and the turn's end are one
 	// transaction: a turn is either unfinished in storage with a prefix of
 	// its stream, or finished with all of it. A cleared stream gets
@@ -80,13 +81,16 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		if err := endIncident(ctx, tx, c.iid, t.row.ID); err != nil {
 			return err
 		}
-		// Retention: forget the chunks of streams that ended long ago.
-		if _, err := tx.Exec(ctx, `DELETE FROM chat_chunks WHERE instance_id = ? AND stream_id IN (
+		// Retention: forget the chunks of streams that ended long ago
+		// (none can be stored while c.sweep is false).
+		if sweep {
+			if _, err := tx.Exec(ctx, `DELETE FROM chat_chunks WHERE instance_id = ? AND stream_id IN (
 			SELECT id FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?)`, c.iid, c.iid, statusDone, cutoff); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff); err != nil {
-			return err
+				return err
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM chat_streams WHERE instance_id = ? AND status = ? AND retain = 0 AND finished_at < ?`, c.iid, statusDone, cutoff); err != nil {
+				return err
+			}
 		}
 		if idle {
 			if err := c.clearWake(ctx, tx); err != nil {
@@ -284,4 +288,23 @@ func (t *turn) markTools(ctx context.Context, start bool) error {
 		_, err := tx.Exec(ctx, `UPDATE chat_streams SET tools_from = ? WHERE instance_id = ? AND id = ?`, from, c.iid, t.row.ID)
 		return err
 	})
+}
+
+// clearWakeIfIdle drops the wake flag unless a turn is unfinished in
+// storage. One guarded statement, so a turn accepted concurrently (which sets
+// the flag in its own transaction) never loses it.
+func (c *core) clearWakeIfIdle(ctx context.Context) {
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error { return c.clearWake(ctx, tx) })
+	if err != nil && ctx.Err() == nil {
+		c.log.Error("chat: clear wake flag", "err", err)
+	}
+}
+
+// clearWake is clearWakeIfIdle's statement, for a transaction of its own
+// or a turn's end.
+func (c *core) clearWake(ctx context.Context, tx store.Tx) error {
+	_, err := tx.Exec(ctx, `DELETE FROM instance_wake WHERE instance_id = ? AND reason = ?
+		AND NOT EXISTS (SELECT 1 FROM chat_streams WHERE instance_id = ? AND status <> ?)`,
+		c.iid, wakeReason, c.iid, statusDone)
+	return err
 }

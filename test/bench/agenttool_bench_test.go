@@ -335,8 +335,8 @@ func (e *benchEnv) storeStats() storeStats {
 }
 
 // reportStoreStats reports the store's counters since s0 per run. SQLite:
-// read transactions, commits (one per group of write transactions) and
-// statements prepared. PostgreSQL: read transactions, commits (one per
+// read transactions, commits (one per group of write transactions),
+// statements run and statements prepared. PostgreSQL: read transactions, commits (one per
 // write transaction), statements, round trips to the server (statements,
 // BEGIN, COMMIT, ROLLBACK) and transactions retried.
 func reportStoreStats(b *testing.B, e *benchEnv, s0 storeStats, runs int) {
@@ -352,6 +352,7 @@ func reportStoreStats(b *testing.B, e *benchEnv, s0 storeStats, runs int) {
 	}
 	b.ReportMetric(per(s.sq.Views-s0.sq.Views), "views/run")
 	b.ReportMetric(per(s.sq.Commits-s0.sq.Commits), "commits/run")
+	b.ReportMetric(per(s.sq.Statements-s0.sq.Statements), "stmts/run")
 	b.ReportMetric(per(s.sq.Prepares-s0.sq.Prepares), "prepares/run")
 }
 
