@@ -325,6 +325,16 @@ func (a *awaiting) end() (Result, error) {
 			// needs the input to start it again.
 			return h.awaitRemote(ctx, row, childPath, insp.RequestID, nil, r)
 		}
+		if !ch.served() {
+			// The child's copy was dropped while its turn ran (its node
+			// lost the shard's lease, and may have taken it back): that
+			// copy's end was refused by the fence, and the copy the
+			// runtime serves now recovers the turn. Follow the run there
+			// rather than end it with what the dropped copy saw.
+			if res, err, ok := a.followCurrentChild(bg, childPath); ok {
+				return res, err
+			}
+		}
 	}
 	var res Result
 	switch {
@@ -419,4 +429,44 @@ func (c *crediter) stop() {
 	}
 	close(c.kick)
 	<-c.done
+}
+
+// followCurrentChild follows the run on the copy of its child that the
+// runtime serves now, as this registration's successor, when the copy it
+// awaited was dropped with its turn unfinished (TestPostgresRestartDuring-
+// FanOut: a run ended "Agent tool run failed" although its child, hydrated
+// again on the same node, completed it). ok is false when there is no such
+// copy to follow: the run ends with what the dropped copy recorded.
+func (a *awaiting) followCurrentChild(ctx context.Context, childPath agent.Path) (Result, error, bool) {
+	h, row := a.h, a.row
+	child, release, err := h.rt.Acquire(ctx, childPath)
+	if err != nil {
+		return Result{}, nil, false
+	}
+	defer release()
+	ch, err := hostOf(child)
+	if err != nil || ch == a.ch {
+		return Result{}, nil, false
+	}
+	insp, err := ch.inspectChild(ctx, row.RunID)
+	if err != nil || insp == nil {
+		return Result{}, nil, false
+	}
+	h.publish(ctx, "agent-tool:child-replaced", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
+	if !insp.Status.Active() {
+		// The current copy finished the run already: collect its end.
+		res, err := h.finish(ctx, row, resultFromInspection(*insp), h.forwardStored(ctx, row, ch.runChunks(ctx, row.RunID)))
+		return res, err, true
+	}
+	p, err := h.pendingOf(ctx, row, child, ch, insp)
+	if err != nil {
+		return Result{}, nil, false
+	}
+	h.mu.Lock()
+	if h.live[row.RunID] == a.lr {
+		delete(h.live, row.RunID)
+	}
+	h.mu.Unlock()
+	res, err := h.await(a.ctx, row, child, p.cr, a.lim)
+	return res, err, true
 }

@@ -20,13 +20,19 @@ import (
 // back), the others under epoch 1 (their shards stay). A write of a
 // hydration made under another epoch is refused, as package cluster's
 // fence refuses it (a shard lease lost, fenced).
-type epochPlacement struct{ roots atomic.Int64 }
+type epochPlacement struct {
+	roots    atomic.Int64
+	children atomic.Int64 // the other instances' epoch; 0 means 1
+}
 
 func (p *epochPlacement) Owns(agent.Path) bool { return true }
 
 func (p *epochPlacement) Epoch(path agent.Path) (int64, bool) {
 	if len(path) == 1 {
 		return p.roots.Load(), true
+	}
+	if e := p.children.Load(); e != 0 {
+		return e, true
 	}
 	return 1, true
 }
@@ -338,5 +344,48 @@ func testReplacedCopysFuse(t *testing.T, rehydrated bool) {
 	}
 	if open != 0 {
 		t.Fatalf("%d turns of the child not recorded done: its end was refused\n%s", open, s.k.logs.String())
+	}
+}
+
+// TestAwaitFollowsTheChildsCurrentCopy (issue 24, TestPostgresRestart-
+// DuringFanOut: one run of 500 ended "Agent tool run failed" although its
+// child completed): the child's node lost the child's shard and took it
+// back at a new epoch while the child's turn ran, so the copy the parent
+// awaited was dropped and its end refused by the fence. The parent follows
+// the run on the copy the runtime serves now, which recovers the turn, and
+// gets the child's answer; before, it ended the run with what the dropped
+// copy had recorded (a turn still running), as an error.
+func TestAwaitFollowsTheChildsCurrentCopy(t *testing.T) {
+	s := startStale(t)
+	ctx := testCtx(t)
+	parent, err := s.e.RT.Get(ctx, s.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan runOutcome, 1)
+	go func() {
+		res, err := agenttool.RunAgentTool(ctx, parent, "Leaf", agenttool.RunOptions{RunID: "r3", Input: treeInput{Query: "q"}})
+		done <- runOutcome{res, err}
+	}()
+	<-s.leaf.entered // the child's turn runs
+	child := s.path.Child("Leaf", "r3")
+	s.place.children.Store(2)
+	s.e.RT.Drop(func(p agent.Path) bool { return p.String() == child.String() })
+	close(s.leaf.release) // the dropped copy's turn goes on; its end is refused
+	var o runOutcome
+	select {
+	case o = <-done:
+	case <-ctx.Done():
+		t.Fatal("the parent never returned")
+	}
+	if o.err != nil || o.res.Status != agenttool.StatusCompleted || o.res.Summary != "leaf answer" {
+		t.Fatalf("dispatch: %+v %v, want completed with the child's answer\n%s", o.res, o.err, s.k.logs.String())
+	}
+	if got := parent.(*countingParent).deliveries(t); got["r3"] != "completed×1" || len(got) != 1 {
+		t.Fatalf("finish hook ledger %v, want r3 delivered once (completed×1)", got)
+	}
+	s.checkDelivered(t, "r3")
+	if n := s.leaf.calls.Load(); n != 2 {
+		t.Fatalf("the child's model was called %d times, want 2 (the dropped copy's turn and its recovery)", n)
 	}
 }
