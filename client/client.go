@@ -17,7 +17,6 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,7 +26,6 @@ import (
 	"net/url"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/google/uuid"
@@ -591,45 +589,6 @@ func (c *Conn) readLoop(sk *socket) {
 	c.lost(err)
 	c.loops.Add(1)
 	go c.reconnect(err)
-}
-
-// head is the part of a server frame the dispatcher looks at.
-type head struct {
-	Type         string          `json:"type"`
-	Name         string          `json:"name"`
-	Agent        string          `json:"agent"`
-	StateFollows bool            `json:"stateFollows"`
-	State        json.RawMessage `json:"state"`
-	Error        json.RawMessage `json:"error"`
-}
-
-// leadingType returns the type of a frame that starts with its "type"
-// member, as every frame of the server does, without decoding the rest
-// (the frames of streams and agent-tool events are most of the traffic,
-// and the handlers that take them decode them anyway). ok is false for
-// any other shape, or a type with an escape or not in UTF-8, which
-// dispatch decodes.
-func leadingType(data []byte) (typ string, ok bool) {
-	const prefix = `{"type":"`
-	if !bytes.HasPrefix(data, []byte(prefix)) {
-		return "", false
-	}
-	rest := data[len(prefix):]
-	end := bytes.IndexByte(rest, '"')
-	if end < 0 || bytes.IndexByte(rest[:end], '\\') >= 0 || !utf8.Valid(rest[:end]) {
-		return "", false
-	}
-	return string(rest[:end]), true
-}
-
-// headDecoded reports whether dispatch needs more of a frame of type typ
-// than its type.
-func headDecoded(typ string) bool {
-	switch typ {
-	case wire.Identity, wire.State, wire.StateError:
-		return true
-	}
-	return false
 }
 
 func (c *Conn) dispatch(sk *socket, data []byte) {
