@@ -109,18 +109,7 @@ const recoveryLookahead = 16
 // deadline) is not ended for that: it goes on being classified in the
 // background (deferred), so that it ends once, with what its child did.
 func (h *host) recover(ctx context.Context, rows []runRow) {
-	// The runs that were waiting for a slot wait again and start with the
-	// input of their dispatch; they are not inspected (a local child's
-	// record of a run is written with the run's start, and a start is
-	// idempotent).
-	var queued []runRow
-	rows = slices.DeleteFunc(slices.Clone(rows), func(r runRow) bool {
-		if r.Status == StatusStarting && r.queued != nil {
-			queued = append(queued, r)
-			return true
-		}
-		return false
-	})
+	rows, queued := splitQueued(rows)
 	clock := h.rt.Clock()
 	start := clock.Now()
 	h.publish(ctx, "recovery:begin", map[string]any{"runCount": len(rows) + len(queued), "totalTimeoutMs": recoveryDeadline.Milliseconds()})
@@ -230,19 +219,7 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 			h.awaitRedispatch(ctx, w.row, w.started, lim, start)
 		}()
 	}
-	for _, row := range queued {
-		// In line one after the other, in the order of their dispatch.
-		inLine := make(chan struct{})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			h.resumeQueued(ctx, row, func() { close(inLine) })
-		}()
-		select {
-		case <-inLine:
-		case <-ctx.Done():
-		}
-	}
+	h.requeue(ctx, queued, &wg)
 	for _, p := range remote {
 		wg.Add(1)
 		go func() {
@@ -267,6 +244,39 @@ func (h *host) recover(ctx context.Context, rows []runRow) {
 	}
 	wg.Wait()
 	h.publish(ctx, "recovery:complete", map[string]any{"runCount": len(rows) + len(queued), "elapsedMs": clock.Since(start).Milliseconds()})
+}
+
+// splitQueued takes out of rows the runs that were waiting for a slot:
+// they wait again and start with the input of their dispatch, and are not
+// inspected (a local child's record of a run is written with the run's
+// start, and a start is idempotent).
+func splitQueued(rows []runRow) (rest, queued []runRow) {
+	rest = slices.DeleteFunc(slices.Clone(rows), func(r runRow) bool {
+		if r.Status == StatusStarting && r.queued != nil {
+			queued = append(queued, r)
+			return true
+		}
+		return false
+	})
+	return rest, queued
+}
+
+// requeue puts the recovered runs that were waiting for a slot in line
+// again, one after the other in the order of their dispatch, each followed
+// in a goroutine of wg.
+func (h *host) requeue(ctx context.Context, queued []runRow, wg *sync.WaitGroup) {
+	for _, row := range queued {
+		inLine := make(chan struct{})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.resumeQueued(ctx, row, func() { close(inLine) })
+		}()
+		select {
+		case <-inLine:
+		case <-ctx.Done():
+		}
+	}
 }
 
 // remotePending is a recovered run whose child, on another node, has a
