@@ -96,16 +96,32 @@ func (t *slotTable) try(key string, limit int) (s *runSlot, ok bool) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	q := t.queueLocked(key)
+	if !q.takeFree(limit) {
+		return nil, false
+	}
+	return &runSlot{t: t, key: key}, true
+}
+
+// queueLocked returns parent key's share, created empty if it has none;
+// under t.mu.
+func (t *slotTable) queueLocked(key string) *slotQueue {
 	q := t.parents[key]
 	if q == nil {
 		q = &slotQueue{}
 		t.parents[key] = q
 	}
+	return q
+}
+
+// takeFree takes a slot if one of limit's is free and nobody waits for
+// one; under the table's mutex.
+func (q *slotQueue) takeFree(limit int) bool {
 	if q.held < max(limit, 1) && len(q.waiting) == 0 {
 		q.held++
-		return &runSlot{t: t, key: key}, true
+		return true
 	}
-	return nil, false
+	return false
 }
 
 // force takes a slot of parent key even past limit (limit < 0: unlimited,
@@ -117,11 +133,7 @@ func (t *slotTable) force(key string, limit int) *runSlot {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	q := t.parents[key]
-	if q == nil {
-		q = &slotQueue{}
-		t.parents[key] = q
-	}
+	q := t.queueLocked(key)
 	q.held++
 	return &runSlot{t: t, key: key}
 }
@@ -136,13 +148,8 @@ func (t *slotTable) acquire(ctx context.Context, key string, limit int, queued f
 		return nil, nil
 	}
 	t.mu.Lock()
-	q := t.parents[key]
-	if q == nil {
-		q = &slotQueue{}
-		t.parents[key] = q
-	}
-	if q.held < max(limit, 1) && len(q.waiting) == 0 {
-		q.held++
+	q := t.queueLocked(key)
+	if q.takeFree(limit) {
 		t.mu.Unlock()
 		return &runSlot{t: t, key: key}, nil
 	}
