@@ -46,19 +46,28 @@ func Members(data []byte, fn func(key, value []byte) bool) bool {
 		if vend < 0 || !fn(key, data[i:vend]) {
 			return false
 		}
-		i = skipSpace(data, vend)
-		if i >= len(data) {
-			return false
+		next, closed, sepOK := separator(data, vend, '}')
+		if !sepOK || closed {
+			return sepOK
 		}
-		switch data[i] {
-		case ',':
-			i = skipSpace(data, i+1)
-		case '}':
-			return skipSpace(data, i+1) == len(data)
-		default:
-			return false
-		}
+		i = next
 	}
+}
+
+// separator reads what follows a member or element ending at i: a comma
+// (next is where the next one starts), or closer ending data (end, ok when
+// nothing but white space follows it). ok is false for anything else.
+func separator(data []byte, i int, closer byte) (next int, end, ok bool) {
+	i = skipSpace(data, i)
+	switch {
+	case i >= len(data):
+		return 0, false, false
+	case data[i] == ',':
+		return skipSpace(data, i+1), false, true
+	case data[i] == closer:
+		return 0, true, skipSpace(data, i+1) == len(data)
+	}
+	return 0, false, false
 }
 
 // Elements walks the JSON array data element by element: fn gets the
@@ -80,18 +89,11 @@ func Elements(data []byte, fn func(value []byte) bool) bool {
 		if vend < 0 || !fn(data[i:vend]) {
 			return false
 		}
-		i = skipSpace(data, vend)
-		if i >= len(data) {
-			return false
+		next, closed, sepOK := separator(data, vend, ']')
+		if !sepOK || closed {
+			return sepOK
 		}
-		switch data[i] {
-		case ',':
-			i = skipSpace(data, i+1)
-		case ']':
-			return skipSpace(data, i+1) == len(data)
-		default:
-			return false
-		}
+		i = next
 	}
 }
 
