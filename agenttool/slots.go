@@ -420,12 +420,20 @@ func (h *host) resumeQueued(ctx context.Context, row runRow, inLine func()) {
 	defer cancel(nil)
 	pre := &liveRun{cancel: cancel, done: make(chan struct{})}
 	if _, busy, err := h.registerLive(ctx, row.RunID, pre); err != nil || busy {
+		if err != nil && h.rt.Context().Err() == nil {
+			// Still recorded as waiting: the next start or dispatch of
+			// the run id resumes it.
+			h.b.Logger().Warn("agenttool: resume queued run", "run", row.RunID, "err", err)
+		}
 		return
 	}
 	defer h.releaseLive(row.RunID, pre)
 	h.publish(ctx, "recovery:queued", map[string]any{"runId": row.RunID, "agentType": row.AgentType})
 	res, err := h.queueIn(ctx, context.WithValue(runCtx, preKey{}, pre), row, row.queued, inLine)
 	if err != nil {
+		if h.rt.Context().Err() == nil {
+			h.b.Logger().Warn("agenttool: resume queued run", "run", row.RunID, "err", err)
+		}
 		return
 	}
 	h.publish(ctx, "recovery:row", map[string]any{"runId": row.RunID, "agentType": row.AgentType,
