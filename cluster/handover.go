@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 )
@@ -14,12 +15,29 @@ import (
 // driven by events, not by the lease rounds: once the shards' rows are
 // cleared, the node offers them to every other live node (a take-shards
 // call), which runs its acquisition at once and answers when it holds its
-// share; the hand-over ends after those answers (or Lease/4, whichever is
-// first). A request for one of the shards that reaches the node while it
-// hands them over waits for that end (Moving) and is then forwarded to
-// the new owner, instead of being refused. So an instance is unavailable
-// for the drain (Lease/4 at most) and one node-to-node call, and never
-// for a renewal round of the next owner.
+// share; the hand-over ends after those answers. A request for one of the
+// shards that reaches the node while it hands them over waits for that end
+// (Moving) and is then forwarded to the new owner, instead of being
+// refused. So an instance is unavailable for its drain (MaxDrain at most),
+// the release of the rows and the offer (MaxOffer at most), and never for
+// a renewal round of the next owner.
+
+// MaxDrain bounds how long a hand-over waits for the work in flight on
+// the shards' instances to end (a quarter lease, if that is shorter).
+// Work still running then goes on without writing (the fence refuses it
+// once the shards are released) and the new owner recovers it, as after a
+// lost lease.
+const MaxDrain = 500 * time.Millisecond
+
+// MaxOffer bounds how long a hand-over waits for the other nodes to take
+// the shards it offered (a quarter lease, if that is shorter). A node that
+// did not answer by then takes them at its next round.
+const MaxOffer = 250 * time.Millisecond
+
+// drainLimit and offerLimit are MaxDrain and MaxOffer, or a quarter
+// lease when that is shorter.
+func (n *Node) drainLimit() time.Duration { return min(n.cfg.Lease/4, MaxDrain) }
+func (n *Node) offerLimit() time.Duration { return min(n.cfg.Lease/4, MaxOffer) }
 
 // takeCall is the request of a take-shards call, and takeAnswer its answer.
 type takeCall struct {
@@ -32,7 +50,7 @@ type takeAnswer struct {
 }
 
 // offer asks each other live node that takes shards to acquire free ones
-// now, and waits for their answers, at most a quarter lease. It returns
+// now, and waits for their answers, at most offerLimit. It returns
 // how many shards they took. Without a peer (UsePeer) it does nothing:
 // the others take the shards at their next round.
 func (n *Node) offer(ctx context.Context) int {
@@ -47,7 +65,7 @@ func (n *Node) offer(ctx context.Context) int {
 	if err != nil {
 		return 0
 	}
-	octx, cancel := context.WithTimeout(ctx, n.cfg.Lease/4)
+	octx, cancel := context.WithTimeout(ctx, n.offerLimit())
 	defer cancel()
 	var mu sync.Mutex
 	took := 0
@@ -73,8 +91,25 @@ func (n *Node) offer(ctx context.Context) int {
 // cluster and acquires free or expired shards up to this node's share. It
 // serves another node's offer (a take-shards call) and returns how many
 // shards it acquired.
+//
+// A round in progress that hands shards over (a node above its share,
+// which would take nothing) may drain for a quarter lease: Take does not
+// wait for it, asks Run for one more round right after it, and returns 0.
+// Another round in progress is short, and Take runs after it.
 func (n *Node) Take(ctx context.Context) (int, error) {
-	n.stepMu.Lock()
+	if !n.stepMu.TryLock() {
+		n.mu.Lock()
+		shedding := len(n.moving) > 0
+		n.mu.Unlock()
+		if shedding {
+			select {
+			case n.kick <- struct{}{}:
+			default:
+			}
+			return 0, nil
+		}
+		n.stepMu.Lock()
+	}
 	defer n.stepMu.Unlock()
 	n.mu.Lock()
 	closed := n.closed
@@ -122,7 +157,10 @@ func (p *Peer) serveTake(ctx context.Context, data []byte) (any, error) {
 	if err := json.Unmarshal(data, &in); err != nil {
 		return nil, badRequest(err)
 	}
-	took, err := p.Node.Take(ctx)
+	// The acquisition is not cut when the offering node stops waiting.
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.Node.Lease()/4)
+	defer cancel()
+	took, err := p.Node.Take(tctx)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: take shards offered by %s: %w", in.From, err)
 	}

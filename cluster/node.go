@@ -86,7 +86,8 @@ type Node struct {
 	closed bool
 	peer   *Peer // asks other nodes' gates (gate.go)
 
-	stepMu sync.Mutex // one Step at a time
+	stepMu sync.Mutex    // one Step at a time
+	kick   chan struct{} // a Step is wanted now (Take found one running)
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -127,7 +128,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	nctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.With("node", cfg.NodeID),
 		owned: map[int]*lease{}, owners: make([]string, cfg.Shards), addrs: map[string]string{},
-		moving: map[int]chan struct{}{}, ctx: nctx, cancel: cancel}
+		moving: map[int]chan struct{}{}, kick: make(chan struct{}, 1), ctx: nctx, cancel: cancel}
 	if err := n.heartbeat(ctx); err != nil {
 		cancel()
 		return nil, err
@@ -234,7 +235,8 @@ func (n *Node) Addr(nodeID string) (string, bool) {
 }
 
 // Run takes part in the lease protocol until ctx is done or Leave is
-// called: a Step every quarter of the lease.
+// called: a Step every quarter of the lease, and one more at once when
+// another node offered shards while a Step was running (Take).
 func (n *Node) Run(ctx context.Context) {
 	n.wg.Add(1)
 	defer n.wg.Done()
@@ -250,6 +252,7 @@ func (n *Node) Run(ctx context.Context) {
 		case <-n.ctx.Done():
 			return
 		case <-tick.Chan():
+		case <-n.kick:
 		}
 	}
 }
@@ -529,9 +532,10 @@ func (n *Node) handOver(ctx context.Context, shards []int) error {
 		close(done)
 	}()
 	if n.cfg.Drain != nil {
-		// Drain within the local deadline: the leases are not renewed
-		// meanwhile (this Step holds stepMu).
-		dctx, cancel := context.WithTimeout(ctx, n.cfg.Lease/4)
+		// Drain within the local deadline (the leases are not renewed
+		// meanwhile: this Step holds stepMu) and within MaxDrain (the
+		// shards' instances are unavailable meanwhile).
+		dctx, cancel := context.WithTimeout(ctx, n.drainLimit())
 		n.cfg.Drain(dctx, shards)
 		cancel()
 	}

@@ -92,13 +92,14 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	waited := false
 	if ch := rt.Node.Moving(path); ch != nil {
 		// This node is handing the shard over: wait for the hand-over to
-		// end (it is bounded: a quarter lease of drain, then the offer to
-		// the other nodes, a quarter lease at most), then route to the
-		// new owner.
+		// end (the drain and the offer to the other nodes, each bounded:
+		// MaxDrain, MaxOffer), then route to the new owner. A hand-over
+		// slower than that (its database writes are slow) is not waited
+		// for.
 		if rt.onWait != nil {
 			rt.onWait()
 		}
-		t := rt.Node.clock.NewTimer(rt.Node.Lease())
+		t := rt.Node.clock.NewTimer(rt.Node.drainLimit() + rt.Node.offerLimit())
 		select {
 		case <-ch:
 			waited = true
