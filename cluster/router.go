@@ -19,10 +19,12 @@ import (
 )
 
 // ForwardedHeader marks a request that a node forwarded to the owner it
-// read for the instance. A node that receives one for an instance it does
-// not serve answers 503 (the client retries) rather than forwarding it
-// again, so two nodes that disagree for a moment never pass a request back
-// and forth.
+// read for the instance (one value per node on its way). A node that
+// receives one for an instance it does not serve answers 503 (the client
+// retries) rather than forwarding it again, so two nodes that disagree for
+// a moment never pass a request back and forth; the one exception is a
+// node that was handing the instance's shard over: the request waited for
+// the hand-over, and it forwards it once more, to the new owner.
 const ForwardedHeader = "X-Agentry-Forwarded-By"
 
 // Router is the HTTP front of a cluster node. A request to an instance this
@@ -73,7 +75,9 @@ func (rt *Router) init() {
 	})
 }
 
-// ServeHTTP routes a request to the instance's owner.
+// ServeHTTP routes a request to the instance's owner. A request for an
+// instance whose shard this node is handing over waits for the hand-over
+// to end (Node.Moving), then goes to the new owner.
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.init()
 	if strings.HasPrefix(r.URL.Path, PeerPrefix) {
