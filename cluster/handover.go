@@ -18,26 +18,28 @@ import (
 // share; the hand-over ends after those answers. A request for one of the
 // shards that reaches the node while it hands them over waits for that end
 // (Moving) and is then forwarded to the new owner, instead of being
-// refused. So an instance is unavailable for its drain (MaxDrain at most),
-// the release of the rows and the offer (MaxOffer at most), and never for
+// refused. So an instance is unavailable for its drain (Config.MaxDrain at
+// most), the release of the rows and the offer (Config.MaxOffer at most),
+// and never for
 // a renewal round of the next owner.
 
-// MaxDrain bounds how long a hand-over waits for the work in flight on
-// the shards' instances to end (a quarter lease, if that is shorter).
-// Work still running then goes on without writing (the fence refuses it
-// once the shards are released) and the new owner recovers it, as after a
-// lost lease.
-const MaxDrain = 500 * time.Millisecond
+// DefaultMaxDrain is Config.MaxDrain's zero value: how long a hand-over
+// waits for the work in flight on the shards' instances to end (a quarter
+// lease, if that is shorter). Work still running then goes on without
+// writing (the fence refuses it once the shards are released) and the new
+// owner recovers it, as after a lost lease.
+const DefaultMaxDrain = 500 * time.Millisecond
 
-// MaxOffer bounds how long a hand-over waits for the other nodes to take
-// the shards it offered (a quarter lease, if that is shorter). A node that
-// did not answer by then takes them at its next round.
-const MaxOffer = 250 * time.Millisecond
+// DefaultMaxOffer is Config.MaxOffer's zero value: how long a hand-over
+// waits for the other nodes to take the shards it offered (a quarter
+// lease, if that is shorter). A node that did not answer by then takes
+// them at its next round.
+const DefaultMaxOffer = 250 * time.Millisecond
 
-// drainLimit and offerLimit are MaxDrain and MaxOffer, or a quarter
-// lease when that is shorter.
-func (n *Node) drainLimit() time.Duration { return min(n.cfg.Lease/4, MaxDrain) }
-func (n *Node) offerLimit() time.Duration { return min(n.cfg.Lease/4, MaxOffer) }
+// drainLimit and offerLimit are the hand-over's bounds (Config.MaxDrain,
+// Config.MaxOffer).
+func (n *Node) drainLimit() time.Duration { return n.cfg.MaxDrain }
+func (n *Node) offerLimit() time.Duration { return n.cfg.MaxOffer }
 
 // takeCall is the request of a take-shards call, and takeAnswer its answer.
 type takeCall struct {

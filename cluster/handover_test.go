@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jonboulle/clockwork"
 
@@ -23,7 +24,12 @@ func startPeerNodes(t *testing.T, d *db, clock clockwork.Clock, ids ...string) [
 	for _, id := range ids {
 		tn := &testNode{owner: &fakeOwner{id: id}}
 		tn.http = httptest.NewUnstartedServer(nil)
-		tn.node = join(t, d, id, clock, func(c *Config) { c.Addr = tn.http.Listener.Addr().String() })
+		tn.node = join(t, d, id, clock, func(c *Config) {
+			c.Addr = tn.http.Listener.Addr().String()
+			// The offer's wait is not what these tests time: a slow
+			// machine must not turn it into a later round.
+			c.MaxOffer = time.Minute
+		})
 		p := &Peer{Node: tn.node, Secret: "test-secret"}
 		tn.node.UsePeer(p)
 		tn.route = &Router{Node: tn.node, Local: tn.owner, Route: routeTest, Peer: p.Handler()}

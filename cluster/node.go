@@ -51,6 +51,15 @@ type Config struct {
 	// ctx is done, for their work in flight to end. Writes are still
 	// accepted while it runs; the owner is cleared after it returns.
 	Drain func(ctx context.Context, shards []int)
+	// MaxDrain bounds Drain's wait; zero means DefaultMaxDrain. It is
+	// never more than a quarter lease (the leases are not renewed
+	// meanwhile). The shards' instances are unavailable for that long at
+	// most.
+	MaxDrain time.Duration
+	// MaxOffer bounds how long a hand-over waits for the other nodes to
+	// take the shards it released (requests for them wait as long); zero
+	// means DefaultMaxOffer, or a quarter lease if that is shorter.
+	MaxOffer time.Duration
 }
 
 // DefaultLease is the shard lease of Config.Lease's zero value. A node
@@ -115,6 +124,13 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
+	}
+	if cfg.MaxDrain <= 0 {
+		cfg.MaxDrain = DefaultMaxDrain
+	}
+	cfg.MaxDrain = min(cfg.MaxDrain, cfg.Lease/4)
+	if cfg.MaxOffer <= 0 {
+		cfg.MaxOffer = min(DefaultMaxOffer, cfg.Lease/4)
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clockwork.NewRealClock()
@@ -533,7 +549,7 @@ func (n *Node) handOver(ctx context.Context, shards []int) error {
 	}()
 	if n.cfg.Drain != nil {
 		// Drain within the local deadline (the leases are not renewed
-		// meanwhile: this Step holds stepMu) and within MaxDrain (the
+		// meanwhile: this Step holds stepMu) and within Config.MaxDrain (the
 		// shards' instances are unavailable meanwhile).
 		dctx, cancel := context.WithTimeout(ctx, n.drainLimit())
 		n.cfg.Drain(dctx, shards)

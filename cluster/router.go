@@ -97,7 +97,7 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ch := rt.Node.Moving(path); ch != nil {
 		// This node is handing the shard over: wait for the hand-over to
 		// end (the drain and the offer to the other nodes, each bounded:
-		// MaxDrain, MaxOffer), then route to the new owner. A hand-over
+		// Config.MaxDrain, Config.MaxOffer), then route to the new owner. A hand-over
 		// slower than that (its database writes are slow) is not waited
 		// for.
 		if rt.onWait != nil {
