@@ -48,6 +48,9 @@ type instance struct {
 	state     json.RawMessage // nil when the agent has no state
 	conns     map[*Conn]struct{}
 	destroyed bool
+	// moved: the instance is being drained or dropped (its node hands it
+	// over or lost it); a connection no longer attaches to it.
+	moved bool
 }
 
 func newInstance(rt *Runtime, path Path, ci *classInfo) *instance {
@@ -360,6 +363,15 @@ func (in *instance) connections() []*Conn {
 		out = append(out, c)
 	}
 	return out
+}
+
+// moveOut marks the instance moved, so that no connection attaches to it
+// any more, and closes its connections.
+func (in *instance) moveOut(code int, reason string) {
+	in.mu.Lock()
+	in.moved = true
+	in.mu.Unlock()
+	in.closeConns(code, reason)
 }
 
 func (in *instance) closeConns(code int, reason string) {

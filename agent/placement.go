@@ -171,7 +171,10 @@ func (rt *Runtime) WakeShards(ctx context.Context, shards []int) error {
 func (rt *Runtime) Drain(ctx context.Context, match func(Path) bool) {
 	list := rt.residentMatching(match)
 	for _, in := range list {
-		in.closeConns(1012, "agent moved to another node")
+		// Marked first: a connection that was being set up when the
+		// drain began (its request routed here just before) is refused
+		// rather than left attached to an instance the node forgets.
+		in.moveOut(1012, "agent moved to another node")
 	}
 	var wg sync.WaitGroup
 	for _, in := range list {
@@ -192,7 +195,7 @@ func (rt *Runtime) Drop(match func(Path) bool) {
 	list := rt.residentMatching(match)
 	rt.forget(list, "lost")
 	for _, in := range list {
-		in.closeConns(1012, "agent moved to another node")
+		in.moveOut(1012, "agent moved to another node")
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/store"
@@ -138,4 +139,52 @@ func hydratePlaced(t *testing.T) (*leases, *rtEnv, agent.Agent) {
 		t.Fatal(err)
 	}
 	return l, e, old
+}
+
+// TestDrainRefusesALateConnection: a connection that attaches while its
+// instance is being drained (its request was routed here just before the
+// node began to hand the shard over) is refused with ErrNotOwner, so the
+// client reconnects to the new owner. Attached, it would never be closed
+// (the drain closed the connections it saw), and it would stay on an
+// instance the node forgets: a chat client on it waited for its turn's
+// end forever (TestRollingRestart under -race).
+func TestDrainRefusesALateConnection(t *testing.T) {
+	_, e, _ := hydratePlaced(t)
+	ctx := context.Background()
+	path := agent.Root("Placed", "p")
+	tr := newTransport()
+	if _, err := e.rt.Connect(ctx, path, "c1", nil, tr); err != nil {
+		t.Fatal(err)
+	}
+	// The first connection is closed by the drain but its transport never
+	// reports it gone, so the instance stays in use and the drain waits
+	// until dctx is canceled.
+	dctx, cancel := context.WithCancel(ctx)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		e.rt.Drain(dctx, func(agent.Path) bool { return true })
+	}()
+	select {
+	case code := <-tr.closed:
+		if code != 1012 {
+			t.Fatalf("drained connection closed with %d, want 1012", code)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("the drain did not close the connection")
+	}
+	late := newTransport()
+	_, err := e.rt.Connect(ctx, path, "c2", nil, late)
+	cancel()
+	<-drained
+	if !errors.Is(err, agent.ErrNotOwner) {
+		t.Fatalf("connection during the drain: %v, want ErrNotOwner", err)
+	}
+	// After the drain, the instance is hydrated anew for a connection.
+	tr3 := newTransport()
+	c3, err := e.rt.Connect(ctx, path, "c3", nil, tr3)
+	if err != nil {
+		t.Fatalf("connection after the drain: %v", err)
+	}
+	c3.Disconnect(1000, "done")
 }

@@ -37,6 +37,13 @@ func (rt *Runtime) Connect(ctx context.Context, path Path, id string, r *http.Re
 		in.release()
 		return nil, ErrDestroyed
 	}
+	if in.moved {
+		// Drained or dropped since it was looked up: its connections
+		// were closed, and one attached now would never be.
+		in.mu.Unlock()
+		in.release()
+		return nil, fmt.Errorf("%w: %s is moving to another node", ErrNotOwner, path)
+	}
 	in.conns[c] = struct{}{}
 	// Queue the connect frames before releasing in.mu: a broadcast snapshots
 	// in.conns under in.mu, so none can reach this connection ahead of its

@@ -51,6 +51,15 @@ type Config struct {
 	// ctx is done, for their work in flight to end. Writes are still
 	// accepted while it runs; the owner is cleared after it returns.
 	Drain func(ctx context.Context, shards []int)
+	// MaxDrain bounds Drain's wait; zero means DefaultMaxDrain. It is
+	// never more than a quarter lease (the leases are not renewed
+	// meanwhile). The shards' instances are unavailable for that long at
+	// most.
+	MaxDrain time.Duration
+	// MaxOffer bounds how long a hand-over waits for the other nodes to
+	// take the shards it released (requests for them wait as long); zero
+	// means DefaultMaxOffer, or a quarter lease if that is shorter.
+	MaxOffer time.Duration
 }
 
 // DefaultLease is the shard lease of Config.Lease's zero value. A node
@@ -79,12 +88,15 @@ type Node struct {
 
 	mu     sync.Mutex
 	owned  map[int]*lease
-	owners []string          // shard → owner node id ("" unknown), as last read
-	addrs  map[string]string // live node id → address
+	owners []string              // shard → owner node id ("" unknown), as last read
+	addrs  map[string]string     // live node id → address
+	takers []string              // addresses of the other live nodes that take shards, as last read
+	moving map[int]chan struct{} // shard being handed over → closed when its next owner was offered it
 	closed bool
 	peer   *Peer // asks other nodes' gates (gate.go)
 
-	stepMu sync.Mutex // one Step at a time
+	stepMu sync.Mutex    // one Step at a time
+	kick   chan struct{} // a Step is wanted now (Take found one running)
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -113,6 +125,13 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
 	}
+	if cfg.MaxDrain <= 0 {
+		cfg.MaxDrain = DefaultMaxDrain
+	}
+	cfg.MaxDrain = min(cfg.MaxDrain, cfg.Lease/4)
+	if cfg.MaxOffer <= 0 {
+		cfg.MaxOffer = min(DefaultMaxOffer, cfg.Lease/4)
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clockwork.NewRealClock()
 	}
@@ -125,7 +144,7 @@ func Join(ctx context.Context, cfg Config) (*Node, error) {
 	nctx, cancel := context.WithCancel(context.Background())
 	n := &Node{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.With("node", cfg.NodeID),
 		owned: map[int]*lease{}, owners: make([]string, cfg.Shards), addrs: map[string]string{},
-		ctx: nctx, cancel: cancel}
+		moving: map[int]chan struct{}{}, kick: make(chan struct{}, 1), ctx: nctx, cancel: cancel}
 	if err := n.heartbeat(ctx); err != nil {
 		cancel()
 		return nil, err
@@ -232,7 +251,8 @@ func (n *Node) Addr(nodeID string) (string, bool) {
 }
 
 // Run takes part in the lease protocol until ctx is done or Leave is
-// called: a Step every quarter of the lease.
+// called: a Step every quarter of the lease, and one more at once when
+// another node offered shards while a Step was running (Take).
 func (n *Node) Run(ctx context.Context) {
 	n.wg.Add(1)
 	defer n.wg.Done()
@@ -248,6 +268,7 @@ func (n *Node) Run(ctx context.Context) {
 		case <-n.ctx.Done():
 			return
 		case <-tick.Chan():
+		case <-n.kick:
 		}
 	}
 }
@@ -395,6 +416,7 @@ func (n *Node) read(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("cluster: read nodes: %w", err)
 	}
 	self := false
+	var takers []string
 	for rows.Next() {
 		var id, addr string
 		var leaving bool
@@ -405,6 +427,9 @@ func (n *Node) read(ctx context.Context) (int, error) {
 		addrs[id] = addr
 		if !leaving {
 			live++
+			if id != n.cfg.NodeID {
+				takers = append(takers, addr)
+			}
 		}
 		self = self || id == n.cfg.NodeID
 	}
@@ -434,7 +459,7 @@ func (n *Node) read(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("cluster: read shards: %w", err)
 	}
 	n.mu.Lock()
-	n.owners, n.addrs = owners, addrs
+	n.owners, n.addrs, n.takers = owners, addrs, takers
 	n.addrs[n.cfg.NodeID] = n.cfg.Addr
 	n.mu.Unlock()
 	return live, nil
@@ -490,12 +515,16 @@ func (n *Node) acquire(ctx context.Context, k int) error {
 	return nil
 }
 
-// handOver drains shards and then clears their owner, so the next node
-// takes them at once rather than after the lease expires.
+// handOver drains shards, clears their owner and offers them to the other
+// nodes (offer), so the next owner takes them at once rather than after
+// the lease expires or at its next round. A request for one of them that
+// reaches this node meanwhile waits for the hand-over to end (Moving).
 func (n *Node) handOver(ctx context.Context, shards []int) error {
 	if len(shards) == 0 {
 		return nil
 	}
+	t0 := n.clock.Now()
+	done := make(chan struct{})
 	n.mu.Lock()
 	var epochs []int64
 	var keep []int32
@@ -504,16 +533,29 @@ func (n *Node) handOver(ctx context.Context, shards []int) error {
 			l.draining = true
 			keep = append(keep, int32(s))
 			epochs = append(epochs, l.epoch)
+			n.moving[s] = done
 		}
 	}
 	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		for _, s := range keep {
+			if n.moving[int(s)] == done {
+				delete(n.moving, int(s))
+			}
+		}
+		n.mu.Unlock()
+		close(done)
+	}()
 	if n.cfg.Drain != nil {
-		// Drain within the local deadline: the leases are not renewed
-		// meanwhile (this Step holds stepMu).
-		dctx, cancel := context.WithTimeout(ctx, n.cfg.Lease/4)
+		// Drain within the local deadline (the leases are not renewed
+		// meanwhile: this Step holds stepMu) and within Config.MaxDrain (the
+		// shards' instances are unavailable meanwhile).
+		dctx, cancel := context.WithTimeout(ctx, n.drainLimit())
 		n.cfg.Drain(dctx, shards)
 		cancel()
 	}
+	drained := n.clock.Since(t0)
 	// Writes stop here: the leases leave owned before their rows are
 	// cleared, so no write of this node can follow the handover.
 	n.mu.Lock()
@@ -529,7 +571,10 @@ func (n *Node) handOver(ctx context.Context, shards []int) error {
 		// The leases expire on their own; nothing of ours writes meanwhile.
 		return fmt.Errorf("cluster: hand over shards: %w", err)
 	}
-	n.log.Info("cluster: shards handed over", "shards", len(keep))
+	released := n.clock.Since(t0)
+	taken := n.offer(ctx)
+	n.log.Info("cluster: shards handed over", "shards", len(keep), "drained", drained, "released", released,
+		"offered", n.clock.Since(t0), "taken", taken)
 	return nil
 }
 

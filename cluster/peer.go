@@ -361,6 +361,8 @@ func (p *Peer) Handler() http.Handler {
 			out = map[string]string{}
 		case "check-sub-agent":
 			out, err = p.serveGate(ctx, data)
+		case "take-shards":
+			out, err = p.serveTake(ctx, data)
 		default:
 			http.NotFound(w, r)
 			return

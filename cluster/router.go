@@ -19,10 +19,12 @@ import (
 )
 
 // ForwardedHeader marks a request that a node forwarded to the owner it
-// read for the instance. A node that receives one for an instance it does
-// not serve answers 503 (the client retries) rather than forwarding it
-// again, so two nodes that disagree for a moment never pass a request back
-// and forth.
+// read for the instance (one value per node on its way). A node that
+// receives one for an instance it does not serve answers 503 (the client
+// retries) rather than forwarding it again, so two nodes that disagree for
+// a moment never pass a request back and forth; the one exception is a
+// node that was handing the instance's shard over: the request waited for
+// the hand-over, and it forwards it once more, to the new owner.
 const ForwardedHeader = "X-Agentry-Forwarded-By"
 
 // Router is the HTTP front of a cluster node. A request to an instance this
@@ -58,6 +60,7 @@ type Router struct {
 	bridges map[*bridge]struct{}
 	closing bool
 	wg      sync.WaitGroup
+	onWait  func() // tests: a request starts waiting for a hand-over
 }
 
 func (rt *Router) init() {
@@ -72,7 +75,9 @@ func (rt *Router) init() {
 	})
 }
 
-// ServeHTTP routes a request to the instance's owner.
+// ServeHTTP routes a request to the instance's owner. A request for an
+// instance whose shard this node is handing over waits for the hand-over
+// to end (Node.Moving), then goes to the new owner.
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.init()
 	if strings.HasPrefix(r.URL.Path, PeerPrefix) {
@@ -88,11 +93,40 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.Local.ServeHTTP(w, r)
 		return
 	}
+	waited := false
+	if ch := rt.Node.Moving(path); ch != nil {
+		// This node is handing the shard over: wait for the hand-over to
+		// end (the drain and the offer to the other nodes, each bounded:
+		// Config.MaxDrain, Config.MaxOffer), then route to the new owner. A hand-over
+		// slower than that (its database writes are slow) is not waited
+		// for.
+		if rt.onWait != nil {
+			rt.onWait()
+		}
+		t := rt.Node.clock.NewTimer(rt.Node.drainLimit() + rt.Node.offerLimit())
+		select {
+		case <-ch:
+			waited = true
+		case <-t.Chan():
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		}
+		t.Stop()
+		if rt.Node.Owns(path) {
+			rt.Local.ServeHTTP(w, r)
+			return
+		}
+	}
 	owner, addr, known := rt.Node.Owner(path)
 	if !known || owner == rt.Node.ID() {
 		owner, addr, known = rt.Node.Lookup(r.Context(), path)
 	}
-	if !known || owner == rt.Node.ID() || r.Header.Get(ForwardedHeader) != "" {
+	// A forwarded request is forwarded again only when it reached the
+	// node that was handing the shard over and waited for the hand-over:
+	// once, to the new owner, which serves it or refuses it.
+	hops := r.Header.Values(ForwardedHeader)
+	if !known || owner == rt.Node.ID() || len(hops) > 0 && (!waited || len(hops) > 1) {
 		// No owner yet (its lease expired, or it is being handed over), or
 		// a forward that reached a node that no longer serves it.
 		w.Header().Set("Retry-After", "1")
@@ -117,7 +151,7 @@ func (rt *Router) proxy(addr string) *httputil.ReverseProxy {
 			pr.SetURL(target)
 			pr.Out.Host = pr.In.Host // the owner checks the same Host as we would
 			pr.SetXForwarded()
-			pr.Out.Header.Set(ForwardedHeader, rt.Node.ID())
+			pr.Out.Header.Add(ForwardedHeader, rt.Node.ID())
 		},
 		FlushInterval: -1, // stream responses as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -166,7 +200,7 @@ func (rt *Router) bridge(w http.ResponseWriter, r *http.Request, addr string) {
 	for _, k := range handshakeHeaders {
 		h.Del(k)
 	}
-	h.Set(ForwardedHeader, rt.Node.ID())
+	h.Add(ForwardedHeader, rt.Node.ID())
 	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		h.Set("X-Forwarded-For", ip)
 	}

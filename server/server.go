@@ -527,6 +527,10 @@ func (s *Server) serveSocket(w http.ResponseWriter, r *http.Request, route Route
 			sk.Close(int(websocket.StatusTryAgainLater), "server busy")
 		} else if errors.Is(err, store.ErrUnavailable) {
 			sk.Close(int(websocket.StatusTryAgainLater), "database unavailable, try again later")
+		} else if errors.Is(err, agent.ErrNotOwner) {
+			// Handed over while the socket opened: the client reconnects,
+			// to the new owner.
+			sk.Close(int(websocket.StatusServiceRestart), "agent moved to another node")
 		} else {
 			sk.Close(int(websocket.StatusInternalError), "agent unavailable")
 		}

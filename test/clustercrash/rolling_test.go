@@ -169,10 +169,12 @@ func TestRollingRestart(t *testing.T) {
 	testenv.RequireNode(t)
 	e := newEnv(t)
 	lb := startBalancer(t)
+	var procs []*testenv.Process
 	start := func(id string) {
 		p := testenv.StartProcess(t, 60*time.Second, bin.Path(t), "-postgres", e.url, "-node-id", id,
 			"-lease", cluster.DefaultLease.String(), "-delay", "10ms")
 		e.nodes[id] = p
+		procs = append(procs, p)
 		lb.set(id, p.Host)
 	}
 	ids := []string{"a", "b", "c"}
@@ -307,6 +309,17 @@ func TestRollingRestart(t *testing.T) {
 	t.Logf("rolling restart of %v: %d runs over %d fans, chat rounds %v; %d calls cut and made again, %d chat messages sent again; close codes %v",
 		ids, total, len(fans), report.ChatRounds, report.CutCalls, report.Resent, report.Closes)
 	t.Logf("longest unavailability per instance, HTTP probe (socket close to open, with the client's reconnect delay): %s", strings.Join(longest, ", "))
+	// The hand-overs' own timeline (drain, release, offer to the next
+	// owners), as the nodes logged it.
+	var handed []string
+	for _, p := range procs {
+		for l := range strings.Lines(p.Log()) {
+			if strings.Contains(l, "shards handed over") {
+				handed = append(handed, strings.TrimSpace(l[strings.Index(l, "node="):]))
+			}
+		}
+	}
+	t.Logf("hand-overs: %s", strings.Join(handed, "; "))
 }
 
 func prefixed(p string, names []string) []string {

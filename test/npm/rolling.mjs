@@ -59,6 +59,12 @@ function watch(key, client) {
   });
 }
 
+// within resolves true when p settles within ms, false otherwise.
+const within = (p, ms) => new Promise((resolve) => {
+  const timer = setTimeout(() => resolve(false), ms);
+  p.then(() => { clearTimeout(timer); resolve(true); }, () => { clearTimeout(timer); resolve(true); });
+});
+
 const opened = (c) => c.readyState === WebSocket.OPEN ? Promise.resolve() :
   new Promise((r) => c.addEventListener("open", r, { once: true }));
 
@@ -70,8 +76,11 @@ async function getJSON(key, path) {
   for (let i = 0; ; i++) {
     let res;
     try {
-      res = await fetch(`http://${front}${path}`);
+      res = await fetch(`http://${front}${path}`, { signal: AbortSignal.timeout(10000) });
     } catch (e) {
+      // Refused, or no answer within 10 s: asked again, as a client does
+      // (the wait counts as unavailability).
+      if (e?.name === "TimeoutError") log(key, "GET", path, "timed out; asking again");
       res = null;
     }
     if (res && res.ok) {
@@ -134,7 +143,13 @@ async function chatLoop(room) {
   for (let round = 0; !stopping; round++) {
     const text = `m${round}`;
     await opened(c);
-    await chat.sendMessage({ text });
+    if (!(await within(chat.sendMessage({ text }), 30000))) {
+      // A turn that neither ends nor is cut by a close (the socket is
+      // left on a node that no longer serves the chat) is a failed
+      // request; said here rather than by the test's deadline.
+      fail(`${key} ${text}: the turn neither ended nor was cut within 30 s (status ${chat.status}, socket ${c.readyState})`);
+      await chat.stop();
+    }
     let last = chat.messages.at(-1);
     if (chat.status === "ready" && last?.role === "assistant" && textOf(last) === "You said: " + text) {
       report.chatRounds[room] = round + 1;
