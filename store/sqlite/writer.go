@@ -50,10 +50,13 @@ type writeTx struct {
 // SQLite transaction (BEGIN IMMEDIATE … COMMIT), each after the first in a
 // SAVEPOINT of its own.
 type writer struct {
-	db     *DB
-	conn   *sql.Conn    // owned by the committer; callbacks use it in their turn
-	cc     *cachingConn // the driver connection under conn
-	queue  chan *writeTx
+	db    *DB
+	conn  *sql.Conn    // owned by the committer; callbacks use it in their turn
+	cc    *cachingConn // the driver connection under conn
+	queue chan *writeTx
+	// urgent queues the transactions marked store.WithUrgent: the
+	// committer takes them before those in queue.
+	urgent chan *writeTx
 	stop   chan struct{} // closed by Close
 	exited chan struct{} // closed when the committer returned
 
@@ -80,8 +83,12 @@ func (w *writer) update(ctx context.Context, fn func(store.Tx) error) error {
 	}
 	t := &writeTx{tx: tx{db: w.db, conn: w.conn, write: true},
 		turn: make(chan struct{}), done: make(chan error, 1), res: make(chan error, 1)}
+	queue := w.queue
+	if store.IsUrgent(ctx) {
+		queue = w.urgent
+	}
 	select {
-	case w.queue <- t:
+	case queue <- t:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-w.exited:
@@ -133,22 +140,32 @@ func (t *writeTx) run(fn func(store.Tx) error) (err error) {
 	return fn(&t.tx)
 }
 
-// loop is the committer.
+// loop is the committer. An urgent transaction starts a batch before a
+// queued ordinary one.
 func (w *writer) loop() {
 	defer close(w.exited)
 	for {
+		var t *writeTx
 		select {
 		case <-w.stop:
 			return
-		case t := <-w.queue:
-			if t.state.CompareAndSwap(queued, running) {
-				w.batch(t)
+		case t = <-w.urgent:
+		default:
+			select {
+			case <-w.stop:
+				return
+			case t = <-w.urgent:
+			case t = <-w.queue:
 			}
+		}
+		if t.state.CompareAndSwap(queued, running) {
+			w.batch(t)
 		}
 	}
 }
 
-// next returns a queued transaction that may join the open batch, or nil.
+// next returns a queued transaction that may join the open batch, an
+// urgent one first, or nil.
 func (w *writer) next() *writeTx {
 	for {
 		select {
@@ -156,13 +173,19 @@ func (w *writer) next() *writeTx {
 			return nil
 		default:
 		}
+		var t *writeTx
 		select {
-		case t := <-w.queue:
-			if t.state.CompareAndSwap(queued, running) {
-				return t
-			}
+		case t = <-w.urgent:
 		default:
-			return nil
+			select {
+			case t = <-w.urgent:
+			case t = <-w.queue:
+			default:
+				return nil
+			}
+		}
+		if t.state.CompareAndSwap(queued, running) {
+			return t
 		}
 	}
 }
@@ -281,7 +304,7 @@ func (w *writer) await(t *writeTx, members []*writeTx) error {
 			return err
 		case <-timer.Chan():
 			calls := w.cc.calls.Load()
-			waiting := len(members) > 0 || len(w.queue) > 0
+			waiting := len(members) > 0 || len(w.queue) > 0 || len(w.urgent) > 0
 			if calls == seen && waiting && !w.cc.inCall.Load() &&
 				t.abort(func() bool { return w.cc.calls.Load() == seen && !w.cc.inCall.Load() }) {
 				w.db.stats.stalled.Add(1)
