@@ -308,14 +308,15 @@ func TestBatchBound(t *testing.T) {
 }
 
 // An Update marked store.WithUrgent goes before the ordinary ones queued
-// ahead of it: with MaxBatch 1 it starts the next batch, with MaxBatch 2
-// it joins the open one as its next member; the ordinary ones keep their
-// order and every transaction commits.
+// ahead of it: with MaxBatch 1 it starts the next batch, otherwise it
+// joins the open one as its next member, and that batch then commits
+// without taking the ordinary ones (they share the next); the ordinary
+// ones keep their order and every transaction commits.
 func TestUrgentGoesFirst(t *testing.T) {
 	for _, tc := range []struct {
 		maxBatch int
 		commits  int64
-	}{{1, 4}, {2, 2}} {
+	}{{1, 4}, {2, 2}, {64, 2}} {
 		t.Run(fmt.Sprint("MaxBatch=", tc.maxBatch), func(t *testing.T) {
 			ctx := context.Background()
 			db := openWith(t, sqlite.Options{MaxBatch: tc.maxBatch})

@@ -43,6 +43,7 @@ type writeTx struct {
 	refused error
 	done    chan error // the callback's outcome, from the caller (buffered)
 	res     chan error // the transaction's result, from the committer (buffered)
+	urgent  bool       // queued in the urgent lane (store.WithUrgent)
 }
 
 // writer is the single SQLite writer connection and its committer
@@ -86,6 +87,7 @@ func (w *writer) update(ctx context.Context, fn func(store.Tx) error) error {
 	queue := w.queue
 	if store.IsUrgent(ctx) {
 		queue = w.urgent
+		t.urgent = true
 	}
 	select {
 	case queue <- t:
@@ -165,8 +167,10 @@ func (w *writer) loop() {
 }
 
 // next returns a queued transaction that may join the open batch, an
-// urgent one first, or nil.
-func (w *writer) next() *writeTx {
+// urgent one first, or nil. With urgentOnly (the batch holds an urgent
+// transaction, whose caller waits for its COMMIT) it returns only urgent
+// ones.
+func (w *writer) next(urgentOnly bool) *writeTx {
 	for {
 		select {
 		case <-w.stop:
@@ -177,6 +181,9 @@ func (w *writer) next() *writeTx {
 		select {
 		case t = <-w.urgent:
 		default:
+			if urgentOnly {
+				return nil
+			}
 			select {
 			case t = <-w.urgent:
 			case t = <-w.queue:
@@ -192,9 +199,11 @@ func (w *writer) next() *writeTx {
 
 // batch runs first and every transaction that is queued by the time the one
 // before it ends, within the bounds, in one SQLite transaction, and hands
-// each its result once the COMMIT returned. The first needs no savepoint: if
-// it fails, nothing else is in the transaction yet and all of it is rolled
-// back.
+// each its result once the COMMIT returned. Once an urgent transaction is
+// in, only urgent ones join: its COMMIT does not wait for a batch's worth
+// of ordinary ones (they go in the next batch, right after). The first
+// needs no savepoint: if it fails, nothing else is in the transaction yet
+// and all of it is rolled back.
 func (w *writer) batch(first *writeTx) {
 	if err := w.exec("BEGIN IMMEDIATE"); err != nil {
 		first.refuse(fmt.Errorf("sqlite: begin: %w", err))
@@ -203,7 +212,9 @@ func (w *writer) batch(first *writeTx) {
 	start := w.clock.Now()
 	var members []*writeTx
 	bytes := 0
-	for t := first; t != nil; t = w.next() {
+	urgent := false
+	for t := first; t != nil; t = w.next(urgent) {
+		urgent = urgent || t.urgent
 		savepoint := len(members) > 0
 		if savepoint {
 			if err := w.exec("SAVEPOINT g"); err != nil {
