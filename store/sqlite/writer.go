@@ -66,6 +66,9 @@ type writer struct {
 	maxBytes int
 	maxTime  time.Duration
 	stall    time.Duration
+	// watchdog is the stall watchdog's timer, owned by the committer (nil
+	// until its first await).
+	watchdog clockwork.Timer
 
 	ckpt *checkpointer // told of each commit; nil without background checkpoints
 
@@ -289,6 +292,18 @@ func (w *writer) abandon(members []*writeTx, running *writeTx, err error) {
 	}
 }
 
+// stallTimer returns the committer's stall watchdog timer, started for
+// StallTimeout: one timer serves every await, rather than a new one per
+// transaction.
+func (w *writer) stallTimer() clockwork.Timer {
+	if w.watchdog == nil {
+		w.watchdog = w.clock.NewTimer(w.stall)
+	} else {
+		w.watchdog.Reset(w.stall)
+	}
+	return w.watchdog
+}
+
 // refuse ends t, which holds the writer but has not had its turn, with err.
 func (t *writeTx) refuse(err error) {
 	t.refused = err
@@ -307,8 +322,17 @@ func (w *writer) await(t *writeTx, members []*writeTx) error {
 	if w.stall <= 0 {
 		return <-t.done
 	}
-	timer := w.clock.NewTimer(w.stall)
-	defer timer.Stop()
+	timer := w.stallTimer()
+	defer func() {
+		if !timer.Stop() {
+			// Fired and not read: drained, so that the next await does
+			// not take the old tick for its own.
+			select {
+			case <-timer.Chan():
+			default:
+			}
+		}
+	}()
 	for {
 		select {
 		case err := <-t.done:
