@@ -364,6 +364,47 @@ func TestUrgentGoesFirst(t *testing.T) {
 	}
 }
 
+// Urgent transactions do not starve the ordinary ones: after a batch an
+// urgent transaction started, the oldest ordinary one starts the next,
+// even with more urgent ones queued.
+func TestUrgentDoesNotStarve(t *testing.T) {
+	ctx := context.Background()
+	db := openWith(t, sqlite.Options{MaxBatch: 1})
+	q := newQueueCounter(db)
+	var mu sync.Mutex
+	var order []string
+	release := make(chan struct{})
+	first := holdWriter(t, db, "k0", release)
+	errs := make(chan error, 4)
+	for i, k := range []string{"o1", "o2", "u1", "u2"} {
+		uctx := ctx
+		if k[0] == 'u' {
+			uctx = store.WithUrgent(ctx)
+		}
+		go func() {
+			errs <- db.Update(uctx, func(tx store.Tx) error {
+				mu.Lock()
+				order = append(order, k)
+				mu.Unlock()
+				return insert(ctx, tx, k)
+			})
+		}()
+		wait(t, q.queued(i+2), "queued "+k)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := fmt.Sprint(order); got != "[u1 o1 u2 o2]" {
+		t.Errorf("callbacks ran in the order %s, want [u1 o1 u2 o2]", got)
+	}
+}
+
 // A context that ends while its transaction waits for the writer ends the
 // wait, and the callback never runs; a statement whose context is done
 // fails, and the callback that returns that error is rolled back whole.

@@ -27,7 +27,10 @@
 // Update costs what it did without grouping. An Update whose context is
 // marked store.WithUrgent (a person waits on it) is taken before the
 // ordinary ones queued: it starts the next batch, or joins the open one as
-// its next member, instead of waiting behind every stream's chunks.
+// its next member, instead of waiting behind every stream's chunks, and a
+// batch that holds one takes no more ordinary ones. They are not starved:
+// after a batch an urgent transaction started, the oldest ordinary one
+// starts the next.
 //
 // # Checkpoints
 //

@@ -146,23 +146,35 @@ func (t *writeTx) run(fn func(store.Tx) error) (err error) {
 }
 
 // loop is the committer. An urgent transaction starts a batch before a
-// queued ordinary one.
+// queued ordinary one, except right after a batch an urgent one started:
+// then the oldest ordinary one waiting starts it (the urgent ones join it
+// next), so that a stream of urgent transactions cannot starve the others.
 func (w *writer) loop() {
 	defer close(w.exited)
+	urgentLast := false
 	for {
 		var t *writeTx
-		select {
-		case <-w.stop:
-			return
-		case t = <-w.urgent:
-		default:
+		if urgentLast {
+			select {
+			case t = <-w.queue:
+			default:
+			}
+		}
+		if t == nil {
 			select {
 			case <-w.stop:
 				return
 			case t = <-w.urgent:
-			case t = <-w.queue:
+			default:
+				select {
+				case <-w.stop:
+					return
+				case t = <-w.urgent:
+				case t = <-w.queue:
+				}
 			}
 		}
+		urgentLast = t.urgent
 		if t.state.CompareAndSwap(queued, running) {
 			w.batch(t)
 		}
