@@ -458,7 +458,9 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	lookup := c.keyed // a key no earlier acceptance stored cannot exist
 	c.keyed = c.keyed || req.key != ""
 	c.sweep = c.sweep || !row.Retain
-	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
+	// A turn's acceptance is waited on (its first frame follows it): it
+	// goes before the chunks of the streams already flowing.
+	err := c.b.DB().Update(store.WithUrgent(ctx), func(tx store.Tx) error {
 		// The instance's row lock orders concurrent acceptances (on an
 		// engine with concurrent writers): the submission key check and
 		// the next transcript position below read what the one before

@@ -165,6 +165,7 @@ func toolParts(m message.Message) []message.Part {
 type countingDB struct {
 	store.DB
 	updates atomic.Int64
+	urgent  atomic.Int64 // the updates marked store.WithUrgent
 	changed chan struct{}
 }
 
@@ -175,6 +176,9 @@ func newCountingDB(db store.DB) *countingDB {
 func (d *countingDB) Update(ctx context.Context, fn func(store.Tx) error) error {
 	err := d.DB.Update(ctx, fn)
 	d.updates.Add(1)
+	if store.IsUrgent(ctx) {
+		d.urgent.Add(1)
+	}
 	select {
 	case d.changed <- struct{}{}:
 	default:

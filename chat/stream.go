@@ -171,6 +171,11 @@ func (t *turn) commitGone(ctx context.Context, extra func(tx store.Tx) error) (g
 	c.mu.Lock()
 	t.lastCommit = time.Now()
 	c.mu.Unlock()
+	if t.unmarked {
+		// The turn's first commit: its start chunk, which its clients
+		// wait on, goes before the chunks of the streams already flowing.
+		ctx = store.WithUrgent(ctx)
+	}
 	err = c.b.DB().Update(ctx, func(tx store.Tx) error {
 		ok, err := insertChunks(ctx, tx, c.iid, t.row.ID, persisted(batch))
 		if err != nil || !ok {

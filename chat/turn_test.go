@@ -231,6 +231,32 @@ func TestChunkPersistenceBatching(t *testing.T) {
 	}
 }
 
+// TestUrgentWrites: a turn's acceptance and its first commit (the start
+// chunk, which the client waits on) are marked store.WithUrgent, and none
+// of its later commits is: the store lets the two go before the chunks of
+// streams already flowing, and only them.
+func TestUrgentWrites(t *testing.T) {
+	m := scripted.New(scripted.WithChunkSize(1), scripted.WithDefault(scripted.Always(scripted.Reply{
+		scripted.Text(strings.Repeat("x", 200)),
+	})))
+	k := &kit{model: m}
+	r := newRig(t, rigOptions{classes: []agent.Class{chatClass("Bot", k)}, cfg: chat.Config{FlushChunks: 16}})
+	a := getChat(t, r.rt, "Bot", "urgent")
+	ctx := testCtx(t)
+	before, beforeUrgent := r.db.updates.Load(), r.db.urgent.Load()
+	res, err := a.SaveMessages(ctx, []message.Message{userMsg("go")})
+	if err != nil || res.Outcome != chat.OutcomeCompleted {
+		t.Fatalf("turn: %+v, %v", res, err)
+	}
+	txs, urgent := r.db.updates.Load()-before, r.db.urgent.Load()-beforeUrgent
+	if urgent != 2 {
+		t.Fatalf("%d urgent write transactions for one turn, want 2 (its acceptance and its first commit)", urgent)
+	}
+	if txs < 10 {
+		t.Fatalf("%d write transactions for a turn of 200 deltas in batches of 16, want at least 10", txs)
+	}
+}
+
 // TestRetentionSweep: a turn's end forgets the streams (and their chunks)
 // that ended more than Retention ago and were not retained, and keeps the
 // retained ones, also on an instance whose first turn was retained (as an

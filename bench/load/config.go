@@ -19,6 +19,9 @@ type Config struct {
 	// CPUProfile is where the command writes its CPU profile; Run does
 	// not read it.
 	CPUProfile string
+	// MemProfile is where Run writes the generator's heap profile at the
+	// end of the window, when the users' state is largest (empty: none).
+	MemProfile string
 	// Delay is the in-process demo's scripted-model delay.
 	Delay time.Duration
 	// MaxTurns is the in-process demo's chat.Config.MaxTurnsInFlight

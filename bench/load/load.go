@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,6 +158,8 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	defer stopWork()
 	stopAfter := context.AfterFunc(workCtx, stopProcs)
 	defer stopAfter()
+	memDone := writeHeapAfter(runCtx, cfg.MemProfile, logger)
+	defer func() { <-memDone }()
 	var wg sync.WaitGroup
 	for i, u := range users {
 		wg.Add(1)
@@ -200,6 +203,31 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	r.Check = g.check(cctx, append(insts, npmInsts...))
 	r.Config = cfg
 	return r, nil
+}
+
+// writeHeapAfter writes the heap profile to path once ctx ends (nothing
+// when path is empty); the returned channel is closed when it is written.
+func writeHeapAfter(ctx context.Context, path string, logger *log.Logger) <-chan struct{} {
+	done := make(chan struct{})
+	if path == "" {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		f, err := os.Create(path)
+		if err == nil {
+			err = pprof.Lookup("heap").WriteTo(f, 0)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			logger.Printf("-memprofile: %v", err)
+		}
+	}()
+	return done
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

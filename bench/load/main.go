@@ -75,6 +75,9 @@
 // where both share the cores, what the generator costs is load the server
 // does not get.
 //
+// With -memprofile FILE, it writes its heap profile at the end of the
+// window, when what the users keep is largest.
+//
 // The exit status is 1 when any error other than a documented refusal
 // occurred or the transcript check failed.
 package main
@@ -155,6 +158,7 @@ func parseFlags(args []string) (Config, error) {
 	fs.IntVar(&c.HeavyRunning, "heavy-running", 0, "with -heavy: the heavy parent's bound on its children executing at once (MaxRunningAgentTools; 0: the default, negative: unlimited)")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the users' choices")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write the generator's CPU profile (the server's too with -serve) to this file")
+	fs.StringVar(&c.MemProfile, "memprofile", "", "write the generator's heap profile at the end of the window to this file")
 	fs.BoolVar(&c.Verbose, "v", false, "log every error as it happens")
 	if err := fs.Parse(args); err != nil {
 		return c, err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -78,9 +79,16 @@ type user struct {
 	unsend func()
 }
 
+// onFrame wakes the user's waits; an agent-tool event that changes a
+// run's status goes to the tracker. A run's chunks are not applied: the
+// user reads only statuses and sub-agents, and the tracker would keep
+// every chunk and rebuild the run's parts for each one.
 func (u *user) onFrame(f client.Frame) {
 	if f.Type == wire.AgentToolEvent {
-		u.tr.HandleFrame(f.Data)
+		var ev agenttool.Frame
+		if json.Unmarshal(f.Data, &ev) == nil && ev.Event.Kind != "chunk" {
+			u.tr.Apply(ev)
+		}
 	}
 	select {
 	case u.wake <- struct{}{}:
@@ -197,8 +205,13 @@ func (u *user) acquire(ctx context.Context) (release func(), kind string, err er
 
 // waitFor waits until the connection's transcript satisfies ok.
 func (u *user) waitFor(ctx context.Context, ok func([]message.Message) bool) error {
+	return u.waitUntil(ctx, func() bool { return ok(u.conn.Chat().Transcript()) })
+}
+
+// waitUntil waits until ok holds, trying it again after each frame.
+func (u *user) waitUntil(ctx context.Context, ok func() bool) error {
 	for {
-		if ok(u.conn.Chat().Transcript()) {
+		if ok() {
 			return nil
 		}
 		select {
@@ -228,6 +241,9 @@ func (u *user) foreground(ctx context.Context, text string, runs int, reconnect 
 		return kind, err
 	}
 	defer end()
+	// The tracker holds the runs of this action only: the runs of earlier
+	// ones were checked, and keeping them would grow every frame's cost.
+	u.tr.ResetLocalState()
 	start := time.Now()
 	s, id, err := u.sendRecorded(tctx, text)
 	if err != nil {
@@ -279,7 +295,7 @@ func (u *user) foreground(ctx context.Context, text string, runs int, reconnect 
 		return "answer", fmt.Errorf("turn %s answered with %d research tool calls, want 1: %s", res.ID, len(calls), textOf(res.Message))
 	}
 	var done []*agenttools.Run
-	err = u.waitFor(tctx, func([]message.Message) bool {
+	err = u.waitUntil(tctx, func() bool {
 		done = done[:0]
 		for _, r := range u.tr.RunsForToolCall(calls[0]) {
 			if r.Status != agenttool.StatusRunning {

@@ -307,6 +307,104 @@ func TestBatchBound(t *testing.T) {
 	}
 }
 
+// An Update marked store.WithUrgent goes before the ordinary ones queued
+// ahead of it: with MaxBatch 1 it starts the next batch, otherwise it
+// joins the open one as its next member, and that batch then commits
+// without taking the ordinary ones (they share the next); the ordinary
+// ones keep their order and every transaction commits.
+func TestUrgentGoesFirst(t *testing.T) {
+	for _, tc := range []struct {
+		maxBatch int
+		commits  int64
+	}{{1, 4}, {2, 2}, {64, 2}} {
+		t.Run(fmt.Sprint("MaxBatch=", tc.maxBatch), func(t *testing.T) {
+			ctx := context.Background()
+			db := openWith(t, sqlite.Options{MaxBatch: tc.maxBatch})
+			q := newQueueCounter(db)
+			var mu sync.Mutex
+			var order []string
+			release := make(chan struct{})
+			first := holdWriter(t, db, "k0", release)
+			errs := make(chan error, 3)
+			for i, k := range []string{"o1", "o2", "u"} {
+				uctx := ctx
+				if k == "u" {
+					uctx = store.WithUrgent(ctx)
+				}
+				go func() {
+					errs <- db.Update(uctx, func(tx store.Tx) error {
+						mu.Lock()
+						order = append(order, k)
+						mu.Unlock()
+						return insert(ctx, tx, k)
+					})
+				}()
+				wait(t, q.queued(i+2), "queued "+k)
+			}
+			before := db.Stats()
+			close(release)
+			if err := <-first; err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := fmt.Sprint(order); got != "[u o1 o2]" {
+				t.Errorf("callbacks ran in the order %s, want [u o1 o2]", got)
+			}
+			if c := db.Stats().Commits - before.Commits; c != tc.commits {
+				t.Errorf("%d commits, want %d", c, tc.commits)
+			}
+			if n := len(keys(t, db)); n != 4 {
+				t.Fatalf("%d rows, want 4", n)
+			}
+		})
+	}
+}
+
+// Urgent transactions do not starve the ordinary ones: after a batch an
+// urgent transaction started, the oldest ordinary one starts the next,
+// even with more urgent ones queued.
+func TestUrgentDoesNotStarve(t *testing.T) {
+	ctx := context.Background()
+	db := openWith(t, sqlite.Options{MaxBatch: 1})
+	q := newQueueCounter(db)
+	var mu sync.Mutex
+	var order []string
+	release := make(chan struct{})
+	first := holdWriter(t, db, "k0", release)
+	errs := make(chan error, 4)
+	for i, k := range []string{"o1", "o2", "u1", "u2"} {
+		uctx := ctx
+		if k[0] == 'u' {
+			uctx = store.WithUrgent(ctx)
+		}
+		go func() {
+			errs <- db.Update(uctx, func(tx store.Tx) error {
+				mu.Lock()
+				order = append(order, k)
+				mu.Unlock()
+				return insert(ctx, tx, k)
+			})
+		}()
+		wait(t, q.queued(i+2), "queued "+k)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := fmt.Sprint(order); got != "[u1 o1 u2 o2]" {
+		t.Errorf("callbacks ran in the order %s, want [u1 o1 u2 o2]", got)
+	}
+}
+
 // A context that ends while its transaction waits for the writer ends the
 // wait, and the callback never runs; a statement whose context is done
 // fails, and the callback that returns that error is rolled back whole.

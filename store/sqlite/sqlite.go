@@ -24,7 +24,13 @@
 // transaction of its batch. A batch is bounded by Options.MaxBatch
 // transactions, MaxBatchBytes bytes of statement arguments and MaxBatchTime
 // from its BEGIN; it never waits for transactions to come, so a lone
-// Update costs what it did without grouping.
+// Update costs what it did without grouping. An Update whose context is
+// marked store.WithUrgent (a person waits on it) is taken before the
+// ordinary ones queued: it starts the next batch, or joins the open one as
+// its next member, instead of waiting behind every stream's chunks, and a
+// batch that holds one takes no more ordinary ones. They are not starved:
+// after a batch an urgent transaction started, the oldest ordinary one
+// starts the next.
 //
 // # Checkpoints
 //
@@ -309,7 +315,7 @@ func OpenOptions(ctx context.Context, path string, opts Options) (*DB, error) {
 	db.reader.SetMaxOpenConns(opts.Readers)
 	db.reader.SetMaxIdleConns(opts.Readers)
 	db.reader.SetConnMaxLifetime(0)
-	db.w = &writer{db: db, conn: conn, cc: cc, queue: make(chan *writeTx, 4096),
+	db.w = &writer{db: db, conn: conn, cc: cc, queue: make(chan *writeTx, 4096), urgent: make(chan *writeTx, 4096),
 		stop: make(chan struct{}), exited: make(chan struct{}),
 		clock: opts.Clock, maxBatch: opts.MaxBatch, maxBytes: opts.MaxBatchBytes,
 		maxTime: opts.MaxBatchTime, stall: opts.StallTimeout}

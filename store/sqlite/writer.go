@@ -43,6 +43,7 @@ type writeTx struct {
 	refused error
 	done    chan error // the callback's outcome, from the caller (buffered)
 	res     chan error // the transaction's result, from the committer (buffered)
+	urgent  bool       // queued in the urgent lane (store.WithUrgent)
 }
 
 // writer is the single SQLite writer connection and its committer
@@ -50,10 +51,13 @@ type writeTx struct {
 // SQLite transaction (BEGIN IMMEDIATE … COMMIT), each after the first in a
 // SAVEPOINT of its own.
 type writer struct {
-	db     *DB
-	conn   *sql.Conn    // owned by the committer; callbacks use it in their turn
-	cc     *cachingConn // the driver connection under conn
-	queue  chan *writeTx
+	db    *DB
+	conn  *sql.Conn    // owned by the committer; callbacks use it in their turn
+	cc    *cachingConn // the driver connection under conn
+	queue chan *writeTx
+	// urgent queues the transactions marked store.WithUrgent: the
+	// committer takes them before those in queue.
+	urgent chan *writeTx
 	stop   chan struct{} // closed by Close
 	exited chan struct{} // closed when the committer returned
 
@@ -62,6 +66,9 @@ type writer struct {
 	maxBytes int
 	maxTime  time.Duration
 	stall    time.Duration
+	// watchdog is the stall watchdog's timer, owned by the committer (nil
+	// until its first await).
+	watchdog clockwork.Timer
 
 	ckpt *checkpointer // told of each commit; nil without background checkpoints
 
@@ -80,8 +87,13 @@ func (w *writer) update(ctx context.Context, fn func(store.Tx) error) error {
 	}
 	t := &writeTx{tx: tx{db: w.db, conn: w.conn, write: true},
 		turn: make(chan struct{}), done: make(chan error, 1), res: make(chan error, 1)}
+	queue := w.queue
+	if store.IsUrgent(ctx) {
+		queue = w.urgent
+		t.urgent = true
+	}
 	select {
-	case w.queue <- t:
+	case queue <- t:
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-w.exited:
@@ -133,45 +145,80 @@ func (t *writeTx) run(fn func(store.Tx) error) (err error) {
 	return fn(&t.tx)
 }
 
-// loop is the committer.
+// loop is the committer. An urgent transaction starts a batch before a
+// queued ordinary one, except right after a batch an urgent one started:
+// then the oldest ordinary one waiting starts it (the urgent ones join it
+// next), so that a stream of urgent transactions cannot starve the others.
 func (w *writer) loop() {
 	defer close(w.exited)
+	urgentLast := false
 	for {
-		select {
-		case <-w.stop:
-			return
-		case t := <-w.queue:
-			if t.state.CompareAndSwap(queued, running) {
-				w.batch(t)
+		var t *writeTx
+		if urgentLast {
+			select {
+			case t = <-w.queue:
+			default:
 			}
+		}
+		if t == nil {
+			select {
+			case <-w.stop:
+				return
+			case t = <-w.urgent:
+			default:
+				select {
+				case <-w.stop:
+					return
+				case t = <-w.urgent:
+				case t = <-w.queue:
+				}
+			}
+		}
+		urgentLast = t.urgent
+		if t.state.CompareAndSwap(queued, running) {
+			w.batch(t)
 		}
 	}
 }
 
-// next returns a queued transaction that may join the open batch, or nil.
-func (w *writer) next() *writeTx {
+// next returns a queued transaction that may join the open batch, an
+// urgent one first, or nil. With urgentOnly (the batch holds an urgent
+// transaction, whose caller waits for its COMMIT) it returns only urgent
+// ones.
+func (w *writer) next(urgentOnly bool) *writeTx {
 	for {
 		select {
 		case <-w.stop:
 			return nil
 		default:
 		}
+		var t *writeTx
 		select {
-		case t := <-w.queue:
-			if t.state.CompareAndSwap(queued, running) {
-				return t
-			}
+		case t = <-w.urgent:
 		default:
-			return nil
+			if urgentOnly {
+				return nil
+			}
+			select {
+			case t = <-w.urgent:
+			case t = <-w.queue:
+			default:
+				return nil
+			}
+		}
+		if t.state.CompareAndSwap(queued, running) {
+			return t
 		}
 	}
 }
 
 // batch runs first and every transaction that is queued by the time the one
 // before it ends, within the bounds, in one SQLite transaction, and hands
-// each its result once the COMMIT returned. The first needs no savepoint: if
-// it fails, nothing else is in the transaction yet and all of it is rolled
-// back.
+// each its result once the COMMIT returned. Once an urgent transaction is
+// in, only urgent ones join: its COMMIT does not wait for a batch's worth
+// of ordinary ones (they go in the next batch, right after). The first
+// needs no savepoint: if it fails, nothing else is in the transaction yet
+// and all of it is rolled back.
 func (w *writer) batch(first *writeTx) {
 	if err := w.exec("BEGIN IMMEDIATE"); err != nil {
 		first.refuse(fmt.Errorf("sqlite: begin: %w", err))
@@ -180,7 +227,9 @@ func (w *writer) batch(first *writeTx) {
 	start := w.clock.Now()
 	var members []*writeTx
 	bytes := 0
-	for t := first; t != nil; t = w.next() {
+	urgent := false
+	for t := first; t != nil; t = w.next(urgent) {
+		urgent = urgent || t.urgent
 		savepoint := len(members) > 0
 		if savepoint {
 			if err := w.exec("SAVEPOINT g"); err != nil {
@@ -255,6 +304,18 @@ func (w *writer) abandon(members []*writeTx, running *writeTx, err error) {
 	}
 }
 
+// stallTimer returns the committer's stall watchdog timer, started for
+// StallTimeout: one timer serves every await, rather than a new one per
+// transaction.
+func (w *writer) stallTimer() clockwork.Timer {
+	if w.watchdog == nil {
+		w.watchdog = w.clock.NewTimer(w.stall)
+	} else {
+		w.watchdog.Reset(w.stall)
+	}
+	return w.watchdog
+}
+
 // refuse ends t, which holds the writer but has not had its turn, with err.
 func (t *writeTx) refuse(err error) {
 	t.refused = err
@@ -273,15 +334,24 @@ func (w *writer) await(t *writeTx, members []*writeTx) error {
 	if w.stall <= 0 {
 		return <-t.done
 	}
-	timer := w.clock.NewTimer(w.stall)
-	defer timer.Stop()
+	timer := w.stallTimer()
+	defer func() {
+		if !timer.Stop() {
+			// Fired and not read: drained, so that the next await does
+			// not take the old tick for its own.
+			select {
+			case <-timer.Chan():
+			default:
+			}
+		}
+	}()
 	for {
 		select {
 		case err := <-t.done:
 			return err
 		case <-timer.Chan():
 			calls := w.cc.calls.Load()
-			waiting := len(members) > 0 || len(w.queue) > 0
+			waiting := len(members) > 0 || len(w.queue) > 0 || len(w.urgent) > 0
 			if calls == seen && waiting && !w.cc.inCall.Load() &&
 				t.abort(func() bool { return w.cc.calls.Load() == seen && !w.cc.inCall.Load() }) {
 				w.db.stats.stalled.Add(1)
