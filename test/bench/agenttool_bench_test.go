@@ -640,7 +640,10 @@ func BenchmarkAgentToolDetachedFinish(b *testing.B) {
 // BenchmarkAgentToolTxCensus runs awaited runs of the trivial child one at
 // a time and logs, per run, the write and read transactions by caller (the
 // first agentry function on the stack outside the store), so that the
-// transactions of the critical path can be told apart:
+// transactions of the critical path can be told apart. On SQLite it also
+// reports the pages written to the write-ahead log per run (walframes/run:
+// one frame per page per commit, each its own write) and the store's
+// commits and statements per run:
 //
 //	go test -run '^$' -bench AgentToolTxCensus -benchtime 20x -v ./test/bench/
 func BenchmarkAgentToolTxCensus(b *testing.B) {
@@ -664,15 +667,44 @@ func BenchmarkAgentToolTxCensus(b *testing.B) {
 		mu.Unlock()
 	}
 	e.db.trace.Store(&trace)
+	// The write-ahead log is read after each run: a restart of the log
+	// (after a background checkpoint copied all of it) loses at most the
+	// frames of the run before it. The child's end commits after the
+	// parent's result, so the last reading waits for the writes to stop.
+	frames, walOK := 0, e.path != ""
+	var wal walLog
+	if walOK {
+		var err error
+		if wal, err = readWAL(e.path); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s0 := e.storeStats()
 	b.ResetTimer()
-	for range b.N {
+	for i := range b.N {
 		if err := checkResearch(p.RunOnce(ctx)); err != nil {
 			b.Fatal(err)
 		}
+		if !walOK {
+			continue
+		}
+		if i == b.N-1 {
+			waitStable(&e.db.updates)
+		}
+		next, err := readWAL(e.path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		frames += walFrames(wal, next)
+		wal = next
 	}
 	b.StopTimer()
 	waitStable(&e.db.updates)
 	e.db.trace.Store(nil)
+	if walOK {
+		b.ReportMetric(float64(frames)/float64(b.N), "walframes/run")
+	}
+	reportStoreStats(b, e, s0, b.N)
 	mu.Lock()
 	defer mu.Unlock()
 	keys := make([]string, 0, len(counts))

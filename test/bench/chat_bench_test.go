@@ -72,6 +72,7 @@ func (d *txCountDB) View(ctx context.Context, fn func(store.Tx) error) error {
 type benchEnv struct {
 	db   *txCountDB
 	sq   *sqlite.DB   // nil on PostgreSQL
+	path string       // the SQLite file; "" on PostgreSQL
 	pq   *postgres.DB // with BENCH_STORE=postgres
 	rt   *agent.Runtime
 	srv  *server.Server
@@ -88,11 +89,13 @@ func startBenchEnv(b *testing.B, classes []agent.Class, agentTools bool, sendQue
 	var sq *sqlite.DB
 	var pq *postgres.DB
 	var err error
+	var path string
 	if os.Getenv("BENCH_STORE") == "postgres" {
 		pq, err = postgres.Open(ctx, pg.URL(b))
 		base = pq
 	} else {
-		sq, err = sqlite.OpenOptions(ctx, filepath.Join(b.TempDir(), "agentry.db"), benchStoreOptions(b))
+		path = filepath.Join(b.TempDir(), "agentry.db")
+		sq, err = sqlite.OpenOptions(ctx, path, benchStoreOptions(b))
 		base = sq
 	}
 	if err != nil {
@@ -127,7 +130,7 @@ func startBenchEnv(b *testing.B, classes []agent.Class, agentTools bool, sendQue
 	mux.Handle("/mcp/", mcpH)
 	mux.Handle("/", srv)
 	hs := httptest.NewServer(mux)
-	e := &benchEnv{db: db, sq: sq, pq: pq, rt: rt, srv: srv, hs: hs, host: strings.TrimPrefix(hs.URL, "http://")}
+	e := &benchEnv{db: db, sq: sq, path: path, pq: pq, rt: rt, srv: srv, hs: hs, host: strings.TrimPrefix(hs.URL, "http://")}
 	b.Cleanup(func() {
 		e.srv.Close()
 		mcpH.Close()
