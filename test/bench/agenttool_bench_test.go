@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"strings"
@@ -673,6 +674,7 @@ func BenchmarkAgentToolTxCensus(b *testing.B) {
 	// parent's result, so the last reading waits for the writes to stop.
 	frames, walOK := 0, e.path != ""
 	var wal walLog
+	var pages []uint32 // of the frames written, in order
 	if walOK {
 		var err error
 		if wal, err = readWAL(e.path); err != nil {
@@ -691,11 +693,12 @@ func BenchmarkAgentToolTxCensus(b *testing.B) {
 		if i == b.N-1 {
 			waitStable(&e.db.updates)
 		}
-		next, err := readWAL(e.path)
+		next, err := readWALPages(e.path, true)
 		if err != nil {
 			b.Fatal(err)
 		}
 		frames += walFrames(wal, next)
+		pages = append(pages, newFrames(wal, next)...)
 		wal = next
 	}
 	b.StopTimer()
@@ -703,6 +706,7 @@ func BenchmarkAgentToolTxCensus(b *testing.B) {
 	e.db.trace.Store(nil)
 	if walOK {
 		b.ReportMetric(float64(frames)/float64(b.N), "walframes/run")
+		logFramesByBtree(b, e.path, pages)
 	}
 	reportStoreStats(b, e, s0, b.N)
 	mu.Lock()
@@ -723,6 +727,30 @@ func BenchmarkAgentToolTxCensus(b *testing.B) {
 	}
 	b.ReportMetric(float64(w)/float64(b.N), "tx/run")
 	b.ReportMetric(float64(r)/float64(b.N), "readtx/run")
+}
+
+// logFramesByBtree logs the frames written per run by the table or index
+// whose pages they are ("?": a page no B-tree holds now, such as a freed
+// one).
+func logFramesByBtree(b *testing.B, path string, pages []uint32) {
+	owner, err := btreeOfPage(path)
+	if err != nil {
+		b.Logf("pages by B-tree: %v", err)
+		return
+	}
+	byName := map[string]int{}
+	for _, p := range pages {
+		name, ok := owner[p]
+		if !ok {
+			name = "?"
+		}
+		byName[name]++
+	}
+	names := slices.Collect(maps.Keys(byName))
+	slices.SortFunc(names, func(x, y string) int { return byName[y] - byName[x] })
+	for _, n := range names {
+		b.Logf("%6.2f frames/run  %s", float64(byName[n])/float64(b.N), n)
+	}
 }
 
 // txCaller names the chain of agentry functions that opened a transaction,
