@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat"
+	"github.com/agentry/agentry/internal/proccpu"
 	"github.com/agentry/agentry/internal/testkit/testenv"
 	"github.com/agentry/agentry/model"
 	"github.com/agentry/agentry/model/scripted"
@@ -288,6 +290,7 @@ func benchAwaitedDirect(b *testing.B, workers, retained int) {
 	lat := make([]time.Duration, b.N)
 	u0, v0 := e.db.updates.Load(), e.db.views.Load()
 	s0 := e.storeStats()
+	cpu0, cpuErr := proccpu.Process(os.Getpid(), false)
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -315,6 +318,11 @@ func benchAwaitedDirect(b *testing.B, workers, retained int) {
 	elapsed := time.Since(start)
 	b.StopTimer()
 	waitStable(&e.db.updates)
+	if cpu1, err := proccpu.Process(os.Getpid(), false); err == nil && cpuErr == nil {
+		// The process's CPU (all its threads) per run, the writes that
+		// follow the last result included.
+		b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "cpu-µs/run")
+	}
 	reportPercentiles(b, lat, "run", "ms", 50, 95, 99)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "runs/s")
 	b.ReportMetric(float64(e.db.updates.Load()-u0)/float64(b.N), "tx/run")
