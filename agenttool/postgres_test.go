@@ -20,6 +20,7 @@ func TestOnPostgres(t *testing.T) {
 		TestConcurrencyCap,
 		TestConcurrentDispatchOfOneRunID,
 		TestFanOutUnderOneToolCall,
+		TestReplayPastTheFirstRuns,
 		TestDetachedDispatch,
 		TestDetachedConcurrentDelivery,
 		TestProgressDataAndMilestones,

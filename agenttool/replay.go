@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
@@ -72,60 +73,86 @@ func (h *host) LayerConnect(ctx context.Context, conn *agent.Conn) {
 // The runs and their stored chunks are read in one snapshot (a terminal
 // written in between would renumber the chunks stored after its mark),
 // and each run is sent as soon as its chunks have been read, so the
-// client parses the first runs while the later ones are still read.
+// client parses the first runs while the later ones are still read. The
+// first replayFirst runs are read and sent before the others are read at
+// all: a registry of a thousand runs takes milliseconds to read, which
+// the client would otherwise spend waiting for its first frame.
 func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, map[string]bool) {
 	sent := map[string]int64{}
 	active := map[string]bool{}
 	var listed int
 	err := h.rt.DB().View(ctx, func(tx store.Tx) error {
-		runs, err := h.queryRuns(ctx, tx, "")
-		if err != nil {
-			return err
-		}
-		listed = len(runs)
-		if len(runs) == 0 {
-			return nil
-		}
 		// What runs on other nodes wait for, read before their chunks and
 		// again after them (remoteWaits).
 		var before map[string]childWait
 		if h.opts.Remote != nil && h.rt.Placement() != nil {
+			var err error
 			if before, err = h.childWaits(ctx, tx); err != nil {
 				return err
 			}
 		}
 		var later []laterWait
-		groups, err := h.chunkGroups(ctx, tx)
+		send := func(runs []runRow, groups *chunkReader, skip map[string]bool) error {
+			defer groups.close()
+			// The chunks come grouped by child, in the children's order,
+			// which is nearly the runs' start order: a group read ahead of
+			// its run waits here.
+			ahead := map[string][]chunk{}
+			for _, r := range runs {
+				chunks, ok := ahead[r.RunID]
+				delete(ahead, r.RunID)
+				for !ok {
+					run, list, more := groups.next()
+					if !more {
+						break
+					}
+					switch {
+					case run == r.RunID:
+						chunks, ok = list, true
+					case !skip[run]:
+						ahead[run] = list
+					}
+				}
+				if lw, ok := h.replayRun(conn, r, chunks, sent, active); ok && len(before) > 0 {
+					later = append(later, lw)
+				}
+			}
+			return groups.err()
+		}
+		first, err := h.replayRuns(ctx, tx, nil, replayFirst)
 		if err != nil {
 			return err
 		}
-		defer groups.close()
-		// The chunks come grouped by child, in the children's order, which
-		// is nearly the runs' start order: a group read ahead of its run
-		// waits here.
-		ahead := map[string][]chunk{}
-		for _, r := range runs {
-			chunks, ok := ahead[r.RunID]
-			delete(ahead, r.RunID)
-			for !ok {
-				run, list, more := groups.next()
-				if !more {
-					break
-				}
-				if run == r.RunID {
-					chunks, ok = list, true
-				} else {
-					ahead[run] = list
-				}
-			}
-			if lw, ok := h.replayRun(conn, r, chunks, sent, active); ok && len(before) > 0 {
-				later = append(later, lw)
-			}
+		listed = len(first)
+		if len(first) == 0 {
+			return nil
 		}
-		if err := groups.err(); err != nil {
+		groups, err := h.chunkGroups(ctx, tx, first)
+		if err != nil {
 			return err
 		}
-		groups.close()
+		if err := send(first, groups, nil); err != nil {
+			return err
+		}
+		if len(first) == replayFirst {
+			rest, err := h.replayRuns(ctx, tx, &first[len(first)-1], 0)
+			if err != nil {
+				return err
+			}
+			listed += len(rest)
+			if len(rest) > 0 {
+				if groups, err = h.chunkGroups(ctx, tx, nil); err != nil {
+					return err
+				}
+				sentFirst := make(map[string]bool, len(first))
+				for _, r := range first {
+					sentFirst[r.RunID] = true
+				}
+				if err := send(rest, groups, sentFirst); err != nil {
+					return err
+				}
+			}
+		}
 		return h.replayRemoteWaits(ctx, tx, conn, before, later, sent)
 	})
 	if err != nil {
@@ -143,6 +170,66 @@ func (h *host) replay(ctx context.Context, conn *agent.Conn) (map[string]int64, 
 	}
 	h.mu.Unlock()
 	return sent, active
+}
+
+// replayFirst is how many runs a connect replay sends before it reads the
+// rest of the registry.
+const replayFirst = 32
+
+// replayCols are the registry columns a replay sends (replayRuns).
+const replayCols = `run_id, parent_tool_call_id, agent_type, input_preview, status, summary, error_message,
+	interrupted_reason, child_still_running, display_metadata, display_order, started_at, terminal_marks`
+
+// replayRuns reads the runs in start order, after the run after (all from
+// the first with nil), at most limit of them (0: no limit), with only
+// what a replay sends of each: not their outputs, usage, budgets or
+// detached settings.
+func (h *host) replayRuns(ctx context.Context, tx store.Tx, after *runRow, limit int) ([]runRow, error) {
+	q := `SELECT ` + replayCols + ` FROM agent_tool_runs WHERE instance_id = ?`
+	args := []any{h.iid}
+	if after != nil {
+		at := after.StartedAt.UnixMilli()
+		q += ` AND (started_at > ? OR (started_at = ? AND run_id > ?))`
+		args = append(args, at, at, after.RunID)
+	}
+	q += ` ORDER BY started_at, run_id`
+	if limit > 0 {
+		q += fmt.Sprintf(` LIMIT %d`, limit)
+	}
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("agenttool: read the registry: %w", err)
+	}
+	defer rows.Close()
+	var out []runRow
+	for rows.Next() {
+		var r runRow
+		var ptc, preview, summary, errMsg, reason, display, marks sql.NullString
+		var still sql.NullInt64
+		var started int64
+		if err := rows.Scan(&r.RunID, &ptc, &r.AgentType, &preview, &r.Status, &summary, &errMsg,
+			&reason, &still, &display, &r.DisplayOrder, &started, &marks); err != nil {
+			return nil, fmt.Errorf("agenttool: read the registry: %w", err)
+		}
+		r.ParentToolCallID = ptc.String
+		if preview.Valid {
+			r.InputPreview = json.RawMessage(preview.String)
+		}
+		r.Summary, r.Error, r.Reason = summary.String, errMsg.String, Reason(reason.String)
+		if still.Valid {
+			b := still.Int64 != 0
+			r.ChildStillRunning = &b
+		}
+		if display.Valid {
+			_ = json.Unmarshal([]byte(display.String), &r.Display)
+		}
+		r.StartedAt = time.UnixMilli(started)
+		if marks.Valid {
+			_ = json.Unmarshal([]byte(marks.String), &r.marks)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // replayRun sends one run: started, its stored chunks and, for a finished
@@ -263,13 +350,27 @@ type chunk struct {
 
 // chunkGroups reads the stored stream chunks of every child run of this
 // parent in one query, run by run.
-func (h *host) chunkGroups(ctx context.Context, tx store.Tx) (*chunkReader, error) {
+func (h *host) chunkGroups(ctx context.Context, tx store.Tx, runs []runRow) (*chunkReader, error) {
+	q, args := chunkGroupsQuery, []any{h.iid}
+	if runs != nil {
+		// These runs' children only, found by their paths (unique, so
+		// indexed): not every child of the parent.
+		var b strings.Builder
+		for i, r := range runs {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("?")
+			args = append(args, h.b.Path().Child(r.AgentType, r.RunID).String())
+		}
+		q = chunkGroupsOfQuery + `(` + b.String() + `)`
+	}
 	// Without an ORDER BY (which made SQLite sort every chunk of every
 	// run in a temporary B-tree), the rows come in the primary key's
 	// order, child by child.
-	rows, err := tx.Query(ctx, chunkGroupsQuery, h.iid)
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("agenttool: read the runs' chunks: %w", err)
 	}
 	return &chunkReader{rows: rows}, nil
 }
@@ -296,10 +397,17 @@ const (
 )
 
 // chunkGroupsQuery reads the chunks of every child run of the parent whose
-// instance id it is given.
-const chunkGroupsQuery = `SELECT c.run_id, ch.seq, ch.body
+// instance id it is given; chunkGroupsOfQuery, followed by a list of
+// paths in parentheses, those of the children with these paths.
+const (
+	chunkGroupsQuery = `SELECT c.run_id, ch.seq, ch.body
 		FROM instances i CROSS JOIN ` + childChunksFrom + `
 		WHERE i.parent_id = ? AND c.instance_id = i.id AND c.run_id = i.name AND ` + childChunksOn
+	chunkGroupsOfQuery = `SELECT c.run_id, ch.seq, ch.body
+		FROM instances i CROSS JOIN ` + childChunksFrom + `
+		WHERE i.parent_id = ? AND c.instance_id = i.id AND c.run_id = i.name AND ` + childChunksOn + `
+		AND i.path IN `
+)
 
 // chunkReader hands out the rows of chunkGroups one run at a time.
 type chunkReader struct {

@@ -331,3 +331,53 @@ func TestInterruptedRepairedByRedispatch(t *testing.T) {
 		t.Fatalf("replay terminal %d, live %d", rfs[len(rfs)-1].Sequence, newTerm.Sequence)
 	}
 }
+
+// TestReplayPastTheFirstRuns: a registry longer than the replay's first
+// read (it sends a few runs, then reads the rest) replays every run once,
+// in start order, each with exactly the frames it had live. The runs are
+// dispatched at once, so many share a start time and the rest is found by
+// run id among them.
+func TestReplayPastTheFirstRuns(t *testing.T) {
+	k := newKit()
+	env := startKit(t, k, agenttool.Options{MaxRunningAgentTools: 100})
+	ctx := testCtx(t)
+	a := getAssistant(t, env, "p-many")
+	live := dial(t, env, "assistant/p-many")
+	const n = 75
+	ids := make([]string, n)
+	outs := make([]chan runOut, n)
+	for i := range outs {
+		// Run ids sort in the reverse of their dispatch order.
+		ids[i] = fmt.Sprintf("many-%02d", n-i)
+		outs[i] = goRun(ctx, a, "Researcher", agenttool.RunOptions{Input: researchInput{Query: ids[i]}, RunID: ids[i], ParentToolCallID: "call_many", DisplayOrder: i})
+	}
+	for _, o := range outs {
+		if res := recv(t, ctx, o); res.Status != agenttool.StatusCompleted {
+			t.Fatalf("result %+v", res)
+		}
+	}
+	lfs := live.waitFrames(ctx, "live", terminated(ids...))
+	fs := dial(t, env, "assistant/p-many").waitFrames(ctx, "replay", terminated(ids...))
+	runs, err := agenttool.ListAgentToolRuns(ctx, a)
+	if err != nil || len(runs) != n {
+		t.Fatalf("runs = %d, %v", len(runs), err)
+	}
+	var order, want []string
+	for _, f := range fs {
+		if len(order) == 0 || order[len(order)-1] != f.Event.RunID {
+			order = append(order, f.Event.RunID)
+		}
+	}
+	for _, r := range runs {
+		want = append(want, r.RunID)
+	}
+	jsonEq(t, order, want)
+	for _, id := range ids {
+		rfs := framesOf(fs, id)
+		checkSequences(t, rfs)
+		jsonEq(t, keys(rfs), keys(replayOf(framesOf(lfs, id))))
+		if textOf(rfs) != "Findings for "+id {
+			t.Fatalf("run %s replayed the text %q", id, textOf(rfs))
+		}
+	}
+}
