@@ -467,8 +467,10 @@ func benchFanOut(b *testing.B, n int) {
 // runs are created before the timer (fan-outs of 100 under one tool call).
 // One op: dial a WebSocket to the parent and read until the n×28-th
 // agent-tool-event frame; the time is from the dial to that last replay
-// frame. bytes and frames count the agent-tool-event frames (every one must
-// carry replay:true).
+// frame (replay-p50-ms), and to the first (first-frame-p50-ms: what a
+// client that reads slower than the server sends waits for, on top of its
+// own reading). bytes and frames count the agent-tool-event frames (every
+// one must carry replay:true).
 //
 // The queue=default cases use the server's default send queue (64 MiB per
 // client since the fix of BENCHMARKS.md finding 1); frames-before-close
@@ -500,6 +502,7 @@ func benchReplay(b *testing.B, n, queue int) {
 	}
 	want := n * framesPerRun
 	lat := make([]time.Duration, b.N)
+	first := make([]time.Duration, b.N)
 	var bytesN, framesN, otherN int
 	b.ResetTimer()
 	for i := range b.N {
@@ -509,6 +512,7 @@ func benchReplay(b *testing.B, n, queue int) {
 			b.Fatal(err)
 		}
 		frames, size, other := 0, 0, 0
+		var firstAt time.Duration
 		for frames < want {
 			_, data, err := c.Read(ctx)
 			if err != nil {
@@ -526,10 +530,14 @@ func benchReplay(b *testing.B, n, queue int) {
 			if !bytes.Contains(data, []byte(`"replay":true`)) {
 				b.Fatalf("live frame during the replay: %s", data)
 			}
+			if frames == 0 {
+				firstAt = time.Since(t0)
+			}
 			frames++
 			size += len(data)
 		}
 		lat[i] = time.Since(t0)
+		first[i] = firstAt
 		b.StopTimer()
 		c.Close(websocket.StatusNormalClosure, "")
 		bytesN, framesN, otherN = size, frames, other
@@ -537,6 +545,7 @@ func benchReplay(b *testing.B, n, queue int) {
 	}
 	b.StopTimer()
 	reportPercentiles(b, lat, "replay", "ms", 50, 95)
+	reportPercentiles(b, first, "first-frame", "ms", 50, 95)
 	b.ReportMetric(0, "frames-before-close")
 	b.ReportMetric(float64(framesN), "frames")
 	b.ReportMetric(float64(bytesN), "bytes")
