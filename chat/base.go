@@ -453,6 +453,15 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 			row.MessageID = last.ID
 		}
 	}
+	var plan transcriptPlan
+	if req.replace != nil {
+		// The transcript is compared before the write transaction, which
+		// then writes only what differs.
+		var err error
+		if plan, err = planTranscript(ctx, c.b.DB(), c.iid, msgs); err != nil {
+			return "", fmt.Errorf("chat: accept turn: %w", err)
+		}
+	}
 	var existing string
 	now := c.rt.Clock().Now().UnixMilli()
 	lookup := c.keyed // a key no earlier acceptance stored cannot exist
@@ -488,7 +497,7 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 			}
 		}
 		if req.replace != nil {
-			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
+			if err := plan.apply(ctx, tx, c.iid); err != nil {
 				return err
 			}
 		} else if err := appendMessages(ctx, tx, c.iid, msgs[len(msgs)-len(req.append):]); err != nil {

@@ -20,6 +20,7 @@ func TestOnPostgres(t *testing.T) {
 		TestIdempotentSubmission,
 		TestChunkPersistenceBatching,
 		TestHandlerTurnOnTheWire,
+		TestAcceptanceComparesOutsideTheWriter,
 		TestResumeProtocol,
 		TestClearDuringTurn,
 		TestRecoverContinueKeepsToolStep,

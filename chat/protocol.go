@@ -356,7 +356,11 @@ func (c *core) replaceTranscript(ctx context.Context, msgs []message.Message, fr
 			msgs[i].ID = newID()
 		}
 	}
-	if err := c.b.DB().Update(ctx, func(tx store.Tx) error { return replaceMessages(ctx, tx, c.iid, msgs) }); err != nil {
+	plan, err := planTranscript(ctx, c.b.DB(), c.iid, msgs)
+	if err != nil {
+		return err
+	}
+	if err := c.b.DB().Update(ctx, func(tx store.Tx) error { return plan.apply(ctx, tx, c.iid) }); err != nil {
 		return err
 	}
 	c.mu.Lock()

@@ -149,16 +149,64 @@ func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Messag
 // stored message msgs does not hold is deleted. A client's request carries
 // the whole chat, so a turn costs one read of the transcript and the writes
 // of its new messages, not a rewrite of every row.
+//
+// It reads the transcript in tx; planTranscript reads it before the write
+// transaction instead, so that the writer, which every instance shares,
+// does not wait for the read.
 func replaceMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) error {
 	stored, err := storedRows(ctx, tx, iid)
 	if err != nil {
 		return fmt.Errorf("read stored transcript: %w", err)
 	}
+	p, err := diffTranscript(stored, msgs)
+	if err != nil {
+		return err
+	}
+	return p.apply(ctx, tx, iid)
+}
+
+// transcriptPlan is what makes the stored transcript exactly a list of
+// messages (replaceMessages): the messages to write, with their positions
+// and encodings, and the stored ones to delete.
+type transcriptPlan struct {
+	writes  []plannedMessage
+	deletes []string
+}
+
+type plannedMessage struct {
+	pos  int
+	m    *message.Message
+	body string
+}
+
+// planTranscript is replaceMessages' read and comparison, done in a read
+// transaction of its own; apply, in the write transaction, does the rest.
+// The caller holds acceptMu from the read to the write's commit: every
+// change to the transcript holds it, so the rows cannot change in between.
+// (In a cluster, a write by the instance's next owner would first take the
+// lease, and the fenced write transaction would fail.)
+func planTranscript(ctx context.Context, db store.DB, iid int64, msgs []message.Message) (transcriptPlan, error) {
+	var stored map[string]storedRow
+	err := db.View(ctx, func(tx store.Tx) error {
+		var err error
+		stored, err = storedRows(ctx, tx, iid)
+		return err
+	})
+	if err != nil {
+		return transcriptPlan{}, fmt.Errorf("read stored transcript: %w", err)
+	}
+	return diffTranscript(stored, msgs)
+}
+
+// diffTranscript compares msgs with the stored rows (which it consumes).
+func diffTranscript(stored map[string]storedRow, msgs []message.Message) (transcriptPlan, error) {
+	var p transcriptPlan
 	var buf []byte
 	for i := range msgs {
 		m := &msgs[i]
+		var err error
 		if buf, err = m.AppendJSON(buf[:0]); err != nil {
-			return fmt.Errorf("encode message %s: %w", m.ID, err)
+			return p, fmt.Errorf("encode message %s: %w", m.ID, err)
 		}
 		if s, ok := stored[m.ID]; ok {
 			// A repeated id finds no row the second time: it is written,
@@ -168,11 +216,22 @@ func replaceMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message
 				continue
 			}
 		}
-		if err := upsertMessage(ctx, tx, iid, i, m, string(buf)); err != nil {
+		p.writes = append(p.writes, plannedMessage{pos: i, m: m, body: string(buf)})
+	}
+	for id := range stored {
+		p.deletes = append(p.deletes, id)
+	}
+	return p, nil
+}
+
+// apply writes the plan in tx.
+func (p transcriptPlan) apply(ctx context.Context, tx store.Tx, iid int64) error {
+	for _, w := range p.writes {
+		if err := upsertMessage(ctx, tx, iid, w.pos, w.m, w.body); err != nil {
 			return err
 		}
 	}
-	for id := range stored {
+	for _, id := range p.deletes {
 		if _, err := tx.Exec(ctx, `DELETE FROM chat_messages WHERE instance_id = ? AND id = ?`, iid, id); err != nil {
 			return fmt.Errorf("delete message %s: %w", id, err)
 		}

@@ -63,6 +63,9 @@ type Options struct {
 	// cluster (agent.Options.Placement): two Envs with the same Dir on
 	// PostgreSQL share one database, as nodes do.
 	Placement agent.Placement
+	// WrapDB, when set, wraps the database the runtime uses (to count or
+	// watch its transactions); Env.DB stays the database itself.
+	WrapDB func(store.DB) store.DB
 }
 
 // Env is a running server.
@@ -89,7 +92,11 @@ func Start(t testing.TB, opts Options) *Env {
 	if idle == 0 {
 		idle = -1
 	}
-	rt, err := agent.New(ctx, agent.Options{DB: db, Clock: opts.Clock, IdleTimeout: idle, Logger: opts.Logger,
+	var rtDB store.DB = db
+	if opts.WrapDB != nil {
+		rtDB = opts.WrapDB(db)
+	}
+	rt, err := agent.New(ctx, agent.Options{DB: rtDB, Clock: opts.Clock, IdleTimeout: idle, Logger: opts.Logger,
 		MaxCallsPerConn: opts.MaxCallsPerConn, MaxInstances: opts.MaxInstances,
 		TracerProvider: opts.TracerProvider, MeterProvider: opts.MeterProvider, Placement: opts.Placement})
 	if err != nil {
