@@ -60,7 +60,10 @@ type core struct {
 	current *turn // the worker's turn: active, then ending until its waiters are told
 	// last is the most recent turn whose end committed, with its result,
 	// if its stream is short (lastChunks): a waiter or follower that
-	// comes just after the end reads nothing. A clear forgets it.
+	// comes just after the end reads nothing. A clear forgets it, and so
+	// does the time lastKept after its end (forgetLast): an instance kept
+	// resident does not keep its last turn's stream and message in memory
+	// for later readers, who read them from the store.
 	last       *turn
 	lastResult TurnResult
 	working    bool

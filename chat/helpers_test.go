@@ -166,7 +166,13 @@ type countingDB struct {
 	store.DB
 	updates atomic.Int64
 	urgent  atomic.Int64 // the updates marked store.WithUrgent
+	views   atomic.Int64 // read transactions
 	changed chan struct{}
+}
+
+func (d *countingDB) View(ctx context.Context, fn func(store.Tx) error) error {
+	d.views.Add(1)
+	return d.DB.View(ctx, fn)
 }
 
 func newCountingDB(db store.DB) *countingDB {

@@ -2,6 +2,7 @@ package chat_test
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -301,5 +302,50 @@ func TestRetentionSweep(t *testing.T) {
 	}
 	if s, c := stored(kept); s != 1 || c == 0 {
 		t.Fatalf("retained stream swept: %d streams, %d chunks", s, c)
+	}
+}
+
+// TestLastTurnIsForgotten: the last turn that ended stays in memory for a
+// waiter that comes just after its end (its result is read without the
+// store), and is forgotten 10 s later: a resident instance does not keep
+// its last stream and message; a later waiter reads them from the store
+// and gets the same result.
+func TestLastTurnIsForgotten(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	k := &kit{model: scripted.New()}
+	r := newRig(t, rigOptions{clock: clock, classes: []agent.Class{chatClass("Bot", k)}})
+	a := getChat(t, r.rt, "Bot", "forget")
+	ctx := testCtx(t)
+	id, err := a.SubmitMessages(ctx, []message.Message{userMsg("hi")}, chat.SubmitOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := a.WaitTurn(ctx, id)
+	if err != nil || first.Outcome != chat.OutcomeCompleted {
+		t.Fatalf("turn: %+v, %v", first, err)
+	}
+	views := r.db.views.Load()
+	if res, err := a.WaitTurn(ctx, id); err != nil || chat.MessageText(res.Message) != chat.MessageText(first.Message) {
+		t.Fatalf("waiting again: %+v, %v", res, err)
+	}
+	if n := r.db.views.Load() - views; n != 0 {
+		t.Fatalf("a waiter just after the end read the store %d times, want 0", n)
+	}
+	clock.Advance(10 * time.Second)
+	// The drop runs in the clock's goroutine: wait for a waiter to read
+	// the store (no sleep; bounded by the test's deadline).
+	for {
+		views := r.db.views.Load()
+		res, err := a.WaitTurn(ctx, id)
+		if err != nil || res.Outcome != chat.OutcomeCompleted || chat.MessageText(res.Message) != "You said: hi" {
+			t.Fatalf("waiting after the last turn was forgotten: %+v, %v", res, err)
+		}
+		if r.db.views.Load() > views {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the last turn is still in memory 10 s after its end")
+		}
+		runtime.Gosched()
 	}
 }

@@ -3,6 +3,7 @@ package chat
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
@@ -190,6 +191,7 @@ func (c *core) settleEnd(t *turn, res TurnResult, msgs []message.Message, gen, a
 	}
 	if err == nil && !gone && c.gen == gen && len(t.chunks) <= lastChunks {
 		c.last, c.lastResult = t, res
+		c.rt.Clock().AfterFunc(lastKept, func() { c.forgetLast(t) })
 	}
 	stale = c.gen != gen || gone
 	if !stale {
@@ -216,8 +218,21 @@ func (c *core) settleEnd(t *turn, res TurnResult, msgs []message.Message, gen, a
 	return stale, deferred, replaying
 }
 
-// lastChunks bounds the stream of a turn kept as the last one ended.
-const lastChunks = 256
+// lastChunks bounds the stream of a turn kept as the last one ended, and
+// lastKept the time it is kept after its end.
+const (
+	lastChunks = 256
+	lastKept   = 10 * time.Second
+)
+
+// forgetLast drops t if it is still the last turn kept in memory.
+func (c *core) forgetLast(t *turn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == t {
+		c.last, c.lastResult = nil, TurnResult{}
+	}
+}
 
 // broadcastTranscript sends the transcript to every connection but
 // exclude. While a turn runs, the transcript lacks the message it streams,
