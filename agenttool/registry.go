@@ -47,22 +47,51 @@ const runCols = `run_id, parent_tool_call_id, agent_type, input_preview, status,
 	detached, detached_on_finish, detached_notify, detached_notify_source, detached_max_budget_at,
 	detached_no_progress_budget_ms, detached_on_milestones, finish_delivered_at, give_up_delivered_at, usage_json, token_budget, trace_parent, queued_input`
 
+// sentCols are the registry columns a client is sent of a run, as scanned:
+// scanRun reads them among all the others, replayRuns alone.
+type sentCols struct {
+	ptc, preview, summary, errMsg, reason, display, marks sql.NullString
+	still                                                 sql.NullInt64
+	started                                               int64
+}
+
+// fill sets row's fields from the scanned columns.
+func (c *sentCols) fill(row *runRow) {
+	row.ParentToolCallID = c.ptc.String
+	if c.preview.Valid {
+		row.InputPreview = json.RawMessage(c.preview.String)
+	}
+	row.Summary, row.Error, row.Reason = c.summary.String, c.errMsg.String, Reason(c.reason.String)
+	if c.still.Valid {
+		b := c.still.Int64 != 0
+		row.ChildStillRunning = &b
+	}
+	if c.display.Valid {
+		_ = json.Unmarshal([]byte(c.display.String), &row.Display)
+	}
+	row.StartedAt = time.UnixMilli(c.started)
+	if c.marks.Valid {
+		_ = json.Unmarshal([]byte(c.marks.String), &row.marks)
+	}
+}
+
 func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 	var row runRow
-	var ptc, preview, summary, output, errMsg, reason, display, marks sql.NullString
-	var still, completed sql.NullInt64
-	var started int64
+	var c sentCols
+	var output sql.NullString
+	var completed sql.NullInt64
 	var detached, notify int
 	var onFinish, source, onMilestones, traceParent sql.NullString
 	var maxAt, noProgress, finishDelivered, giveUpDelivered sql.NullInt64
 	var usage, budget, queued sql.NullString
-	err := r.Scan(&row.RunID, &ptc, &row.AgentType, &preview, &row.Status, &summary, &output, &errMsg,
-		&reason, &still, &display, &row.DisplayOrder, &started, &completed, &marks,
+	err := r.Scan(&row.RunID, &c.ptc, &row.AgentType, &c.preview, &row.Status, &c.summary, &output, &c.errMsg,
+		&c.reason, &c.still, &c.display, &row.DisplayOrder, &c.started, &completed, &c.marks,
 		&detached, &onFinish, &notify, &source, &maxAt, &noProgress, &onMilestones, &finishDelivered, &giveUpDelivered,
 		&usage, &budget, &traceParent, &queued)
 	if err != nil {
 		return row, err
 	}
+	c.fill(&row)
 	if queued.Valid {
 		row.queued = json.RawMessage(queued.String)
 	}
@@ -89,28 +118,12 @@ func scanRun(r interface{ Scan(...any) error }) (runRow, error) {
 			row.det.OnMilestones = &mn
 		}
 	}
-	row.ParentToolCallID = ptc.String
-	if preview.Valid {
-		row.InputPreview = json.RawMessage(preview.String)
-	}
-	row.Summary, row.Error, row.Reason = summary.String, errMsg.String, Reason(reason.String)
 	if output.Valid {
 		row.Output = json.RawMessage(output.String)
 	}
-	if still.Valid {
-		b := still.Int64 != 0
-		row.ChildStillRunning = &b
-	}
-	if display.Valid {
-		_ = json.Unmarshal([]byte(display.String), &row.Display)
-	}
-	row.StartedAt = time.UnixMilli(started)
 	if completed.Valid {
 		t := time.UnixMilli(completed.Int64)
 		row.CompletedAt = &t
-	}
-	if marks.Valid {
-		_ = json.Unmarshal([]byte(marks.String), &row.marks)
 	}
 	return row, nil
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat"
@@ -204,29 +203,12 @@ func (h *host) replayRuns(ctx context.Context, tx store.Tx, after *runRow, limit
 	var out []runRow
 	for rows.Next() {
 		var r runRow
-		var ptc, preview, summary, errMsg, reason, display, marks sql.NullString
-		var still sql.NullInt64
-		var started int64
-		if err := rows.Scan(&r.RunID, &ptc, &r.AgentType, &preview, &r.Status, &summary, &errMsg,
-			&reason, &still, &display, &r.DisplayOrder, &started, &marks); err != nil {
+		var c sentCols
+		if err := rows.Scan(&r.RunID, &c.ptc, &r.AgentType, &c.preview, &r.Status, &c.summary, &c.errMsg,
+			&c.reason, &c.still, &c.display, &r.DisplayOrder, &c.started, &c.marks); err != nil {
 			return nil, fmt.Errorf("agenttool: read the registry: %w", err)
 		}
-		r.ParentToolCallID = ptc.String
-		if preview.Valid {
-			r.InputPreview = json.RawMessage(preview.String)
-		}
-		r.Summary, r.Error, r.Reason = summary.String, errMsg.String, Reason(reason.String)
-		if still.Valid {
-			b := still.Int64 != 0
-			r.ChildStillRunning = &b
-		}
-		if display.Valid {
-			_ = json.Unmarshal([]byte(display.String), &r.Display)
-		}
-		r.StartedAt = time.UnixMilli(started)
-		if marks.Valid {
-			_ = json.Unmarshal([]byte(marks.String), &r.marks)
-		}
+		c.fill(&r)
 		out = append(out, r)
 	}
 	return out, rows.Err()

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/agentry/agentry/agent"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/diag"
@@ -66,6 +68,7 @@ type core struct {
 	// for later readers, who read them from the store.
 	last       *turn
 	lastResult TurnResult
+	lastTimer  clockwork.Timer // forgets last; stopped when last changes
 	working    bool
 	gen        int                    // bumped by clear; stale turns do not persist
 	deferred   bool                   // a transcript broadcast waits for the active turn's end

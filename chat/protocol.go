@@ -305,7 +305,7 @@ func (c *core) clear(ctx context.Context, from *agent.Conn) error {
 	defer c.acceptMu.Unlock()
 	c.mu.Lock()
 	c.gen++
-	c.last = nil
+	c.setLastLocked(nil, TurnResult{})
 	active := c.active
 	queued := c.queue
 	c.queue = nil

@@ -190,8 +190,7 @@ func (c *core) settleEnd(t *turn, res TurnResult, msgs []message.Message, gen, a
 		c.wakeCleared, c.wakeClearedAt = true, accepts
 	}
 	if err == nil && !gone && c.gen == gen && len(t.chunks) <= lastChunks {
-		c.last, c.lastResult = t, res
-		c.rt.Clock().AfterFunc(lastKept, func() { c.forgetLast(t) })
+		c.setLastLocked(t, res)
 	}
 	stale = c.gen != gen || gone
 	if !stale {
@@ -225,12 +224,25 @@ const (
 	lastKept   = 10 * time.Second
 )
 
+// setLastLocked keeps t, ended with res, as the last turn (nil: none) and
+// arms its forgetting; the previous one's timer is stopped. c.mu held.
+func (c *core) setLastLocked(t *turn, res TurnResult) {
+	if c.lastTimer != nil {
+		c.lastTimer.Stop()
+		c.lastTimer = nil
+	}
+	c.last, c.lastResult = t, res
+	if t != nil {
+		c.lastTimer = c.rt.Clock().AfterFunc(lastKept, func() { c.forgetLast(t) })
+	}
+}
+
 // forgetLast drops t if it is still the last turn kept in memory.
 func (c *core) forgetLast(t *turn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.last == t {
-		c.last, c.lastResult = nil, TurnResult{}
+		c.last, c.lastResult, c.lastTimer = nil, TurnResult{}, nil
 	}
 }
 
