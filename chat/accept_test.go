@@ -3,6 +3,8 @@ package chat_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -93,5 +95,144 @@ func TestAcceptanceComparesOutsideTheWriter(t *testing.T) {
 		"user: three", "assistant: You said: three"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("stored transcript:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// views wraps a store.DB and counts the read transactions' statements
+// that read the stored transcript, and fails the write transaction that
+// writes a message once fail is set (after the transaction's statements
+// ran: it rolls back).
+type views struct {
+	store.DB
+	n    atomic.Int64
+	fail atomic.Bool
+}
+
+func (d *views) View(ctx context.Context, fn func(store.Tx) error) error {
+	return d.DB.View(ctx, func(tx store.Tx) error { return fn(viewCountingTx{tx, d}) })
+}
+
+func (d *views) Update(ctx context.Context, fn func(store.Tx) error) error {
+	return d.DB.Update(ctx, func(tx store.Tx) error {
+		ft := &failingTx{Tx: tx}
+		if err := fn(ft); err != nil {
+			return err
+		}
+		if ft.wroteMessage && d.fail.CompareAndSwap(true, false) {
+			return errors.New("injected: the transaction that writes a message fails")
+		}
+		return nil
+	})
+}
+
+type viewCountingTx struct {
+	store.Tx
+	d *views
+}
+
+func (t viewCountingTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	if strings.Contains(q, "FROM chat_messages") {
+		t.d.n.Add(1)
+	}
+	return t.Tx.Query(ctx, q, args...)
+}
+
+type failingTx struct {
+	store.Tx
+	wroteMessage bool
+}
+
+func (t *failingTx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if strings.Contains(q, "INTO chat_messages") {
+		t.wroteMessage = true
+	}
+	return t.Tx.Exec(ctx, q, args...)
+}
+
+// storedTexts reads the stored transcript of a database's only chat
+// instance (role: text).
+func storedTexts(t *testing.T, db store.DB) []string {
+	t.Helper()
+	ctx := context.Background()
+	var out []string
+	err := db.View(ctx, func(tx store.Tx) error {
+		// The test's only instance.
+		rows, err := tx.Query(ctx, `SELECT body FROM chat_messages ORDER BY position`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var body string
+			var m message.Message
+			if err := rows.Scan(&body); err != nil {
+				return err
+			}
+			if err := json.Unmarshal([]byte(body), &m); err != nil {
+				return err
+			}
+			out = append(out, string(m.Role)+": "+chat.MessageText(m))
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestAcceptanceReadsNoStoredTranscript: a chat request is compared with
+// the instance's mirror of its stored transcript, not with the rows: a
+// turn reads no stored message, however long the chat. A write that fails
+// leaves the mirror as the rows are: the next request writes what the
+// failed one did not.
+func TestAcceptanceReadsNoStoredTranscript(t *testing.T) {
+	db := &views{}
+	env := testenv.Start(t, testenv.Options{
+		Postgres: &pg,
+		Clock:    clockwork.NewFakeClock(),
+		Classes:  []agent.Class{chatClass("Bot", &kit{model: scripted.New()})},
+		Setup:    func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
+		WrapDB: func(inner store.DB) store.DB {
+			db.DB = inner
+			return db
+		},
+	})
+	const path = "/agents/bot/mirror"
+	c := dialReady(t, env, path)
+	var msgs []message.Message
+	turn := func(text string) {
+		t.Helper()
+		msgs = append(msgs, userMsgID("u"+text, text))
+		id := "req-" + text
+		c.request(id, msgs...)
+		c.until(isDone(id))
+		msgs = getMessages(t, env.HTTP.URL, path)
+	}
+	turn("one")
+	turn("two")
+	if n := db.n.Load(); n != 0 {
+		t.Fatalf("%d reads of the stored transcript in two turns of a new instance, want 0", n)
+	}
+
+	// The acceptance of "three" fails after its writes; the client sends
+	// its transcript again with "four" after it.
+	db.fail.Store(true)
+	msgs = append(msgs, userMsgID("uthree", "three"))
+	c.request("req-three", msgs...)
+	c.until(func(f frame) bool { return isResponse(f) && f.ID == "req-three" })
+	if db.fail.Load() {
+		t.Fatal("no write transaction failed")
+	}
+	turn("four")
+	want := []string{"user: one", "assistant: You said: one", "user: two", "assistant: You said: two",
+		"user: three", "user: four", "assistant: You said: four"}
+	if got := storedTexts(t, env.DB); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("stored transcript after a failed acceptance:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	before := db.n.Load()
+	turn("five")
+	if n := db.n.Load() - before; n != 0 {
+		t.Fatalf("%d reads of the stored transcript in the turn after the reread, want 0", n)
 	}
 }

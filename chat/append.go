@@ -37,14 +37,16 @@ func (b *Base) AppendMessages(ctx context.Context, msgs []message.Message) (int,
 	if len(add) == 0 {
 		return 0, nil
 	}
-	err := c.b.DB().Update(ctx, func(tx store.Tx) error {
-		for i, m := range add {
-			if err := putMessage(ctx, tx, c.iid, base+i, m); err != nil {
-				return err
-			}
+	var plan transcriptPlan
+	for i := range add {
+		w, err := encodeMessage(base+i, &add[i])
+		if err != nil {
+			return 0, fmt.Errorf("chat: append messages: %w", err)
 		}
-		return nil
-	})
+		plan.writes = append(plan.writes, w.writes...)
+	}
+	err := c.b.DB().Update(ctx, func(tx store.Tx) error { return plan.apply(ctx, tx, c.iid) })
+	c.stored.wrote(plan, err)
 	if err != nil {
 		return 0, fmt.Errorf("chat: append messages: %w", err)
 	}

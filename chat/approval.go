@@ -441,8 +441,13 @@ func (c *core) answer(ctx context.Context, origin *agent.Conn, toolCallID string
 	}
 	if !opts.AutoContinue || len(waitingCalls(m)) > 0 {
 		// Stored alone: another answer (or a request) goes on from it.
-		pos := len(msgs) - 1
-		if err := c.b.DB().Update(ctx, func(tx store.Tx) error { return putMessage(ctx, tx, c.iid, pos, m) }); err != nil {
+		plan, err := encodeMessage(len(msgs)-1, &m)
+		if err != nil {
+			return "", fmt.Errorf("chat: store tool answer: %w", err)
+		}
+		err = c.b.DB().Update(ctx, func(tx store.Tx) error { return plan.apply(ctx, tx, c.iid) })
+		c.stored.wrote(plan, err)
+		if err != nil {
 			return "", fmt.Errorf("chat: store tool answer: %w", err)
 		}
 		c.mu.Lock()

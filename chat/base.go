@@ -54,6 +54,7 @@ type core struct {
 	}
 
 	acceptMu sync.Mutex // serializes every change to the transcript (and so keeps turns in order)
+	stored   storedTranscript // the stored transcript's rows; guarded by acceptMu
 
 	mu      sync.Mutex
 	msgs    []message.Message
@@ -122,6 +123,7 @@ func (b *Base) StartLayer(ctx context.Context, self agent.Agent) error {
 		next:    map[string][]chan string{},
 		keyed:   !b.Created(),
 		sweep:   !b.Created(),
+		stored:  newStoredTranscript(b.Created()),
 	}
 	b.c = c
 	if b.Created() {
@@ -464,7 +466,7 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 		// The transcript is compared before the write transaction, which
 		// then writes only what differs.
 		var err error
-		if plan, err = planTranscript(ctx, c.b.DB(), c.iid, msgs); err != nil {
+		if plan, err = c.stored.plan(ctx, c.b.DB(), c.iid, msgs); err != nil {
 			return "", fmt.Errorf("chat: accept turn: %w", err)
 		}
 	}
@@ -475,7 +477,9 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 	c.sweep = c.sweep || !row.Retain
 	// A turn's acceptance is waited on (its first frame follows it): it
 	// goes before the chunks of the streams already flowing.
+	var written transcriptPlan
 	err := c.b.DB().Update(store.WithUrgent(ctx), func(tx store.Tx) error {
+		written = transcriptPlan{}
 		// The instance's row lock orders concurrent acceptances (on an
 		// engine with concurrent writers): the submission key check and
 		// the next transcript position below read what the one before
@@ -506,10 +510,14 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 			if err := plan.apply(ctx, tx, c.iid); err != nil {
 				return err
 			}
-		} else if err := appendMessages(ctx, tx, c.iid, msgs[len(msgs)-len(req.append):]); err != nil {
+			written = plan
+		} else {
 			// Only the new messages are written: a long transcript costs
 			// nothing per turn.
-			return err
+			var err error
+			if written, err = appendMessages(ctx, tx, c.iid, msgs[len(msgs)-len(req.append):]); err != nil {
+				return err
+			}
 		}
 		if err := c.b.KeepAwakeTx(ctx, tx, wakeReason); err != nil {
 			return err
@@ -531,6 +539,7 @@ func (c *core) acceptLocked(ctx context.Context, req acceptRequest) (string, err
 		}
 		return nil
 	})
+	c.stored.wrote(written, err)
 	if err != nil {
 		return "", fmt.Errorf("chat: accept turn: %w", err)
 	}

@@ -21,6 +21,7 @@ func TestOnPostgres(t *testing.T) {
 		TestChunkPersistenceBatching,
 		TestHandlerTurnOnTheWire,
 		TestAcceptanceComparesOutsideTheWriter,
+		TestAcceptanceReadsNoStoredTranscript,
 		TestResumeProtocol,
 		TestClearDuringTurn,
 		TestRecoverContinueKeepsToolStep,

@@ -336,8 +336,10 @@ func (c *core) clear(ctx context.Context, from *agent.Conn) error {
 		return nil
 	})
 	if err != nil {
+		c.stored.lose()
 		return err
 	}
+	c.stored.cleared()
 	frame := encode(wire.StreamFrame{Type: wire.ChatClear})
 	if from != nil {
 		c.b.BroadcastRaw(frame, from)
@@ -356,11 +358,13 @@ func (c *core) replaceTranscript(ctx context.Context, msgs []message.Message, fr
 			msgs[i].ID = newID()
 		}
 	}
-	plan, err := planTranscript(ctx, c.b.DB(), c.iid, msgs)
+	plan, err := c.stored.plan(ctx, c.b.DB(), c.iid, msgs)
 	if err != nil {
 		return err
 	}
-	if err := c.b.DB().Update(ctx, func(tx store.Tx) error { return plan.apply(ctx, tx, c.iid) }); err != nil {
+	err = c.b.DB().Update(ctx, func(tx store.Tx) error { return plan.apply(ctx, tx, c.iid) })
+	c.stored.wrote(plan, err)
+	if err != nil {
 		return err
 	}
 	c.mu.Lock()

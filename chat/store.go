@@ -142,32 +142,9 @@ func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Messag
 	return out, rows.Err()
 }
 
-// replaceMessages makes the stored transcript exactly msgs (a message
-// whose id repeats is stored once, as its last occurrence). It writes only
-// what differs from the stored rows: a message stored under its id at its
-// position with the same body is left alone, any other is upserted, and a
-// stored message msgs does not hold is deleted. A client's request carries
-// the whole chat, so a turn costs one read of the transcript and the writes
-// of its new messages, not a rewrite of every row.
-//
-// It reads the transcript in tx; planTranscript reads it before the write
-// transaction instead, so that the writer, which every instance shares,
-// does not wait for the read.
-func replaceMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) error {
-	stored, err := storedRows(ctx, tx, iid)
-	if err != nil {
-		return fmt.Errorf("read stored transcript: %w", err)
-	}
-	p, err := diffTranscript(stored, msgs)
-	if err != nil {
-		return err
-	}
-	return p.apply(ctx, tx, iid)
-}
-
-// transcriptPlan is what makes the stored transcript exactly a list of
-// messages (replaceMessages): the messages to write, with their positions
-// and encodings, and the stored ones to delete.
+// transcriptPlan is a change to the stored transcript (storedTranscript's
+// diff, appendMessages, encodeMessage): the messages to write, with their
+// positions and encodings, and the stored ones to delete.
 type transcriptPlan struct {
 	writes  []plannedMessage
 	deletes []string
@@ -177,51 +154,6 @@ type plannedMessage struct {
 	pos  int
 	m    *message.Message
 	body string
-}
-
-// planTranscript is replaceMessages' read and comparison, done in a read
-// transaction of its own; apply, in the write transaction, does the rest.
-// The caller holds acceptMu from the read to the write's commit: every
-// change to the transcript holds it, so the rows cannot change in between.
-// (In a cluster, a write by the instance's next owner would first take the
-// lease, and the fenced write transaction would fail.)
-func planTranscript(ctx context.Context, db store.DB, iid int64, msgs []message.Message) (transcriptPlan, error) {
-	var stored map[string]storedRow
-	err := db.View(ctx, func(tx store.Tx) error {
-		var err error
-		stored, err = storedRows(ctx, tx, iid)
-		return err
-	})
-	if err != nil {
-		return transcriptPlan{}, fmt.Errorf("read stored transcript: %w", err)
-	}
-	return diffTranscript(stored, msgs)
-}
-
-// diffTranscript compares msgs with the stored rows (which it consumes).
-func diffTranscript(stored map[string]storedRow, msgs []message.Message) (transcriptPlan, error) {
-	var p transcriptPlan
-	var buf []byte
-	for i := range msgs {
-		m := &msgs[i]
-		var err error
-		if buf, err = m.AppendJSON(buf[:0]); err != nil {
-			return p, fmt.Errorf("encode message %s: %w", m.ID, err)
-		}
-		if s, ok := stored[m.ID]; ok {
-			// A repeated id finds no row the second time: it is written,
-			// and the last occurrence is the one that stays.
-			delete(stored, m.ID)
-			if s.pos == i && s.body == string(buf) {
-				continue
-			}
-		}
-		p.writes = append(p.writes, plannedMessage{pos: i, m: m, body: string(buf)})
-	}
-	for id := range stored {
-		p.deletes = append(p.deletes, id)
-	}
-	return p, nil
 }
 
 // apply writes the plan in tx.
@@ -239,51 +171,22 @@ func (p transcriptPlan) apply(ctx context.Context, tx store.Tx, iid int64) error
 	return nil
 }
 
-// storedRow is a stored message's position and body.
-type storedRow struct {
-	pos  int
-	body string
-}
-
-// storedRows returns the stored messages by id.
-func storedRows(ctx context.Context, tx store.Tx, iid int64) (map[string]storedRow, error) {
-	rows, err := tx.Query(ctx, `SELECT id, position, body FROM chat_messages WHERE instance_id = ?`, iid)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := make(map[string]storedRow)
-	for rows.Next() {
-		var id string
-		var r storedRow
-		if err := rows.Scan(&id, &r.pos, &r.body); err != nil {
-			return nil, err
-		}
-		out[id] = r
-	}
-	return out, rows.Err()
-}
-
-// appendMessages adds msgs after the stored transcript.
-func appendMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) error {
+// appendMessages adds msgs after the stored transcript and returns what
+// it wrote.
+func appendMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) (transcriptPlan, error) {
+	var p transcriptPlan
 	var last int
 	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(position), -1) FROM chat_messages WHERE instance_id = ?`, iid).Scan(&last); err != nil {
-		return err
+		return p, err
 	}
-	for i, m := range msgs {
-		if err := putMessage(ctx, tx, iid, last+1+i, m); err != nil {
-			return err
+	for i := range msgs {
+		w, err := encodeMessage(last+1+i, &msgs[i])
+		if err != nil {
+			return p, err
 		}
+		p.writes = append(p.writes, w.writes...)
 	}
-	return nil
-}
-
-func putMessage(ctx context.Context, tx store.Tx, iid int64, pos int, m message.Message) error {
-	body, err := m.MarshalJSON() // what json.Marshal writes, without its second pass
-	if err != nil {
-		return fmt.Errorf("encode message %s: %w", m.ID, err)
-	}
-	return upsertMessage(ctx, tx, iid, pos, &m, string(body))
+	return p, p.apply(ctx, tx, iid)
 }
 
 // upsertMessage stores m, whose encoding is body, at pos.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -26,10 +27,11 @@ func (c *countingTx) Exec(ctx context.Context, query string, args ...any) (sql.R
 }
 
 // transcriptDB is a SQLite file with the chat schema and two instances:
-// one written by replaceMessages, one by the delete-and-reinsert it
-// replaces (the reference).
+// one written by the plans of a storedTranscript (its mirror), one by
+// deleting and reinserting every message (the reference).
 type transcriptDB struct {
-	db store.DB
+	db     store.DB
+	mirror *storedTranscript
 }
 
 const (
@@ -51,37 +53,47 @@ func openTranscriptDB(t testing.TB) transcriptDB {
 	if err := store.Migrate(ctx, db, "chat", migrations); err != nil {
 		t.Fatal(err)
 	}
-	return transcriptDB{db: db}
+	mirror := newStoredTranscript(false)
+	return transcriptDB{db: db, mirror: &mirror}
 }
 
-// referenceReplace is what replaceMessages did before it wrote only the
-// differences: delete every row, insert every message.
+// referenceReplace is what a chat request's acceptance did before it
+// wrote only the differences: delete every row, insert every message.
 func referenceReplace(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) error {
 	if _, err := tx.Exec(ctx, `DELETE FROM chat_messages WHERE instance_id = ?`, iid); err != nil {
 		return err
 	}
-	for i, m := range msgs {
-		if err := putMessage(ctx, tx, iid, i, m); err != nil {
+	for i := range msgs {
+		p, err := encodeMessage(i, &msgs[i])
+		if err != nil {
+			return err
+		}
+		if err := p.apply(ctx, tx, iid); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// replace stores msgs in both instances and returns the writes
-// replaceMessages made.
+// replace stores msgs in both instances and returns the writes the
+// mirror's plan made.
 func (d transcriptDB) replace(t testing.TB, msgs []message.Message) int {
 	t.Helper()
 	ctx := context.Background()
+	plan, err := d.mirror.plan(ctx, d.db, diffInstance, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var writes int
-	err := d.db.Update(ctx, func(tx store.Tx) error {
+	err = d.db.Update(ctx, func(tx store.Tx) error {
 		ct := &countingTx{Tx: tx}
-		if err := replaceMessages(ctx, ct, diffInstance, msgs); err != nil {
+		if err := plan.apply(ctx, ct, diffInstance); err != nil {
 			return err
 		}
 		writes = ct.writes
 		return referenceReplace(ctx, tx, refInstance, msgs)
 	})
+	d.mirror.wrote(plan, err)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,12 +126,24 @@ func (d transcriptDB) rows(t testing.TB, iid int64) []string {
 	return out
 }
 
-// check fails unless both instances hold the same rows.
+// check fails unless both instances hold the same rows and the mirror is
+// what reading the rows gives.
 func (d transcriptDB) check(t testing.TB, step string) {
 	t.Helper()
 	got, want := d.rows(t, diffInstance), d.rows(t, refInstance)
 	if !slices.Equal(got, want) {
 		t.Fatalf("%s: stored rows\n%q\nwant (delete and reinsert)\n%q", step, got, want)
+	}
+	if !d.mirror.known {
+		return
+	}
+	read := storedTranscript{seed: d.mirror.seed, rows: map[string]storedRow{}}
+	err := d.db.View(context.Background(), func(tx store.Tx) error { return read.load(context.Background(), tx, diffInstance) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(read.rows, d.mirror.rows) {
+		t.Fatalf("%s: mirror %v, the rows read %v", step, d.mirror.rows, read.rows)
 	}
 }
 
@@ -127,7 +151,7 @@ func textMsg(id string, role message.Role, text string) message.Message {
 	return message.Message{ID: id, Role: role, Parts: []message.Part{{Type: message.PartText, Text: text}}}
 }
 
-// TestReplaceMessagesWritesDifferences: replaceMessages leaves the rows
+// TestReplaceMessagesWritesDifferences: a transcript's plan leaves the rows
 // of unchanged messages alone and writes an appended, edited, moved or
 // dropped message, and the stored transcript is after every step what
 // deleting and reinserting it all stores (edits, regenerate, deletes, a
@@ -168,7 +192,8 @@ func TestReplaceMessagesWritesDifferences(t *testing.T) {
 
 // TestReplaceMessagesMatchesReference: random sequences of transcripts
 // (kept, edited, dropped, moved, repeated and new messages) leave the same
-// rows as deleting and reinserting each.
+// rows as deleting and reinserting each, and the mirror the plans keep is
+// what reading the rows gives, also after it was lost and read again.
 func TestReplaceMessagesMatchesReference(t *testing.T) {
 	d := openTranscriptDB(t)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -200,6 +225,9 @@ func TestReplaceMessagesMatchesReference(t *testing.T) {
 		if rng.IntN(40) == 0 {
 			next = nil
 		}
+		if rng.IntN(20) == 0 {
+			d.mirror.lose() // as after a write whose outcome is unknown
+		}
 		d.replace(t, next)
 		d.check(t, fmt.Sprintf("step %d", step))
 		cur = next
@@ -227,7 +255,12 @@ func BenchmarkReplaceMessages(b *testing.B) {
 				// The last message is new on every op.
 				i++
 				msgs[n-1].ID = fmt.Sprintf("new-%d", i)
-				err := d.db.Update(ctx, func(tx store.Tx) error { return replaceMessages(ctx, tx, diffInstance, msgs) })
+				plan, err := d.mirror.plan(ctx, d.db, diffInstance, msgs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				err = d.db.Update(ctx, func(tx store.Tx) error { return plan.apply(ctx, tx, diffInstance) })
+				d.mirror.wrote(plan, err)
 				if err != nil {
 					b.Fatal(err)
 				}

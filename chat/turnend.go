@@ -64,17 +64,26 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	c.mu.Lock()
 	idle, accepts := len(c.queue) == 0, c.accepts
 	c.mu.Unlock()
+	// The message's write is planned before the transaction: a reorder
+	// compares the whole transcript with the stored one (storedTranscript).
+	var plan transcriptPlan
+	var planErr error
+	if reorder {
+		plan, planErr = c.stored.plan(ctx, c.b.DB(), c.iid, msgs)
+	} else if hasMsg {
+		plan, planErr = encodeMessage(pos, &msg)
+	}
 	wrote := false
+	var written transcriptPlan
 	gone, err := t.commitGone(ctx, func(tx store.Tx) error {
-		if reorder {
-			if err := replaceMessages(ctx, tx, c.iid, msgs); err != nil {
-				return err
-			}
-		} else if hasMsg {
-			if err := putMessage(ctx, tx, c.iid, pos, msg); err != nil {
-				return err
-			}
+		written = transcriptPlan{}
+		if planErr != nil {
+			return planErr
 		}
+		if err := plan.apply(ctx, tx, c.iid); err != nil {
+			return err
+		}
+		written = plan
 		if _, err := tx.Exec(ctx, `UPDATE chat_streams SET status = ?, outcome = ?, error = ?, finished_at = ? WHERE instance_id = ? AND id = ?`,
 			statusDone, outcome, errText, now.UnixMilli(), c.iid, t.row.ID); err != nil {
 			return err
@@ -107,6 +116,9 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 		}
 		return nil
 	})
+	if err != nil || !gone {
+		c.stored.wrote(written, err)
+	}
 	if end != nil && end.Committed != nil {
 		end.Committed(wrote && err == nil && !gone)
 	}
