@@ -53,7 +53,7 @@ type core struct {
 		Warn(string, ...any)
 	}
 
-	acceptMu sync.Mutex // serializes every change to the transcript (and so keeps turns in order)
+	acceptMu sync.Mutex       // serializes every change to the transcript (and so keeps turns in order)
 	stored   storedTranscript // the stored transcript's rows; guarded by acceptMu
 
 	mu      sync.Mutex
