@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -14,8 +15,10 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/agentry/agentry/agenttool"
 	"github.com/agentry/agentry/chat/message"
 	"github.com/agentry/agentry/client"
+	"github.com/agentry/agentry/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -191,4 +194,25 @@ func runChecked(t *testing.T, cfg Config) *Report {
 		t.Errorf("transcript check: %v", rep.Check.Problems)
 	}
 	return rep
+}
+
+// TestChunkEvent: the generator skips the agent-tool chunk events without
+// decoding them, and only those: an event of another kind is applied even
+// when its input or body holds the text of a chunk event.
+func TestChunkEvent(t *testing.T) {
+	decoy := `{"type":"agent-tool-event","sequence":1,"event":{"kind":"chunk","runId":"r"}}`
+	for _, kind := range []string{"chunk", "started", "finished", "error", "progress"} {
+		f := agenttool.Frame{Type: wire.AgentToolEvent, ParentToolCallID: "call-1", Sequence: 7, Replay: true,
+			Event: agenttool.Event{Kind: kind, RunID: "run-1", InputPreview: json.RawMessage(decoy), Body: decoy}}
+		data, err := json.Marshal(f) // what the server writes, byte for byte (agenttool's encodeFrame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := chunkEvent(data); got != (kind == "chunk") {
+			t.Errorf("kind %q: chunkEvent = %v for %s", kind, got, data)
+		}
+	}
+	if chunkEvent([]byte(`{"event":{"runId":"r","kind":"chunk"},"type":"agent-tool-event"}`)) {
+		t.Error("a frame of another member order was taken for a chunk without decoding")
+	}
 }
