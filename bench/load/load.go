@@ -150,7 +150,9 @@ func Run(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	logger.Printf("%d users (%d npm, %d on %d-user shared instances) against %s for %s", cfg.Users, nNPM, nShared, cfg.Group, strings.Join(cfg.URLs, ", "), cfg.Duration)
 
 	start := time.Now()
-	g.rec.until = start.Add(cfg.Duration)
+	g.rec.mu.Lock()
+	g.rec.until, g.rec.start = start.Add(cfg.Duration), start
+	g.rec.mu.Unlock()
 	runCtx, stopRun := context.WithTimeout(ctx, cfg.Duration)
 	defer stopRun()
 	// Work in flight at the end of the run finishes, within this bound.

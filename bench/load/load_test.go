@@ -216,3 +216,24 @@ func TestChunkEvent(t *testing.T) {
 		t.Error("a frame of another member order was taken for a chunk without decoding")
 	}
 }
+
+// TestFirstByMinute: the report gives the time to the first chunk for each
+// minute of the run apart, by the minute its turn ended in.
+func TestFirstByMinute(t *testing.T) {
+	r := newRecorder(nil)
+	r.start = time.Now().Add(-150 * time.Second) // in the run's third minute
+	r.turn(40*time.Millisecond, 0, time.Second, 0)
+	r.turn(80*time.Millisecond, 0, time.Second, 0)
+	rep := r.report(3 * time.Minute)
+	if len(rep.FirstByMinute) != 3 {
+		t.Fatalf("%d minutes, want 3: %v", len(rep.FirstByMinute), rep.FirstByMinute)
+	}
+	if rep.FirstByMinute[0] != ([3]time.Duration{}) || rep.FirstByMinute[2][0] != 40*time.Millisecond || rep.FirstByMinute[2][2] != 80*time.Millisecond {
+		t.Fatalf("by minute %v", rep.FirstByMinute)
+	}
+	var out strings.Builder
+	rep.Print(&out)
+	if !strings.Contains(out.String(), "by minute: 1: 0/0/0, 2: 0/0/0, 3: 40/80/80") {
+		t.Fatalf("report:\n%s", out.String())
+	}
+}

@@ -24,6 +24,10 @@ type recorder struct {
 	// that ended in it.
 	until         time.Time
 	wturns, wruns int
+	// start is the window's start; firstByMinute holds the times to the
+	// first chunk of the turns that ended in each minute of the run.
+	start         time.Time
+	firstByMinute [][]time.Duration
 	actions       map[string]int
 	errs          map[string]int
 	refused       map[string]int
@@ -42,6 +46,13 @@ func (r *recorder) turn(first, content, end time.Duration, runs int) {
 	defer r.mu.Unlock()
 	if first > 0 {
 		r.first = append(r.first, first)
+		if !r.start.IsZero() {
+			m := max(0, int(time.Since(r.start)/time.Minute))
+			for len(r.firstByMinute) <= m {
+				r.firstByMinute = append(r.firstByMinute, nil)
+			}
+			r.firstByMinute[m] = append(r.firstByMinute[m], first)
+		}
 	}
 	if content > 0 {
 		r.content = append(r.content, content)
@@ -112,6 +123,10 @@ type Report struct {
 	// the longest turn.
 	First, Content, End [3]time.Duration
 	MaxEnd              time.Duration
+	// FirstByMinute is First of the turns that ended in each minute of
+	// the run (the last ones in the drain): whether the tail grows as the
+	// users' transcripts and the database do.
+	FirstByMinute [][3]time.Duration
 	Errors              map[string]int
 	Refusals            map[string]int
 	Samples             map[string]string
@@ -140,6 +155,9 @@ func (r *recorder) report(elapsed time.Duration) *Report {
 	rep := &Report{Elapsed: elapsed, Turns: r.turns, Runs: r.runs, WindowTurns: r.wturns, WindowRuns: r.wruns, Actions: maps.Clone(r.actions),
 		Errors: maps.Clone(r.errs), Refusals: maps.Clone(r.refused), Samples: maps.Clone(r.samples)}
 	rep.First = percentiles(r.first)
+	for _, ds := range r.firstByMinute {
+		rep.FirstByMinute = append(rep.FirstByMinute, percentiles(ds))
+	}
 	rep.Content = percentiles(r.content)
 	rep.End = percentiles(r.end)
 	if len(r.end) > 0 {
@@ -190,6 +208,14 @@ func (r *Report) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "actions: %s\n", strings.Join(as, ", "))
 	fmt.Fprintf(w, "first chunk: p50 %s  p95 %s  p99 %s\n", ms(r.First[0]), ms(r.First[1]), ms(r.First[2]))
+	if len(r.FirstByMinute) > 1 {
+		var mins []string
+		for i, p := range r.FirstByMinute {
+			mins = append(mins, fmt.Sprintf("%d: %.0f/%.0f/%.0f", i+1, float64(p[0])/float64(time.Millisecond),
+				float64(p[1])/float64(time.Millisecond), float64(p[2])/float64(time.Millisecond)))
+		}
+		fmt.Fprintf(w, "first chunk p50/p95/p99 ms by minute: %s\n", strings.Join(mins, ", "))
+	}
 	fmt.Fprintf(w, "first content chunk: p50 %s  p95 %s  p99 %s\n", ms(r.Content[0]), ms(r.Content[1]), ms(r.Content[2]))
 	fmt.Fprintf(w, "end of turn: p50 %s  p95 %s  p99 %s  max %s\n", ms(r.End[0]), ms(r.End[1]), ms(r.End[2]), ms(r.MaxEnd))
 	if r.RSSPeak > 0 {
