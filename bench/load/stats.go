@@ -127,9 +127,9 @@ type Report struct {
 	// the run (the last ones in the drain): whether the tail grows as the
 	// users' transcripts and the database do.
 	FirstByMinute [][3]time.Duration
-	Errors              map[string]int
-	Refusals            map[string]int
-	Samples             map[string]string
+	Errors        map[string]int
+	Refusals      map[string]int
+	Samples       map[string]string
 	// Server figures; zero when unknown.
 	RSSPeak, RSSEnd int64
 	CPU             time.Duration
