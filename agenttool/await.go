@@ -387,10 +387,7 @@ func (h *host) runError(runID string, err error) string {
 
 // crediter credits the parent's chat turn for a run's forwarded chunks,
 // from its own goroutine.
-type crediter struct {
-	kick chan struct{}
-	done chan struct{}
-}
+type crediter struct{ credit *onDemand }
 
 // progressCrediter returns the crediter of a run that a parent's chat turn
 // waits for: a bound, awaited run; others get a no-op.
@@ -401,34 +398,25 @@ func (h *host) progressCrediter(ctx context.Context, row runRow) *crediter {
 	if _, ok := chatOf(h.a); !ok {
 		return nil
 	}
-	cr := &crediter{kick: make(chan struct{}, 1), done: make(chan struct{})}
-	go func() {
-		defer close(cr.done)
-		for range cr.kick {
-			if err := chat.CreditProgress(ctx, h.current().a); err != nil && ctx.Err() == nil {
-				h.b.Logger().Warn("agenttool: credit parent progress", "run", row.RunID, "err", err)
-			}
+	return &crediter{credit: newOnDemand(func() {
+		if err := chat.CreditProgress(ctx, h.current().a); err != nil && ctx.Err() == nil {
+			h.b.Logger().Warn("agenttool: credit parent progress", "run", row.RunID, "err", err)
 		}
-	}()
-	return cr
+	})}
 }
 
 func (c *crediter) offer() {
 	if c == nil {
 		return
 	}
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
+	c.credit.kick()
 }
 
 func (c *crediter) stop() {
 	if c == nil {
 		return
 	}
-	close(c.kick)
-	<-c.done
+	c.credit.stop()
 }
 
 // followCurrentChild follows the run on the copy of its child that the

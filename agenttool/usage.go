@@ -61,11 +61,14 @@ type usageWatch struct {
 	seen      bool
 	overOnce  sync.Once
 	over      chan struct{} // closed when the budget is exceeded
-	kick      chan struct{} // a new report for the relay
+	// relayer relays each new report while a relay runs; without one, a
+	// new report waits for the next relay (unrelayed).
+	relayer   *onDemand
+	unrelayed bool
 }
 
 func newUsageWatch(b TokenBudget) *usageWatch {
-	return &usageWatch{budget: b, over: make(chan struct{}), kick: make(chan struct{}, 1)}
+	return &usageWatch{budget: b, over: make(chan struct{})}
 }
 
 // offer looks at one chunk body of the child's stream. It is cheap for
@@ -90,13 +93,14 @@ func (w *usageWatch) offer(body string) {
 		w.own = *md.Usage
 	}
 	over := w.budget.exceeded(w.own, w.tree)
+	r := w.relayer
+	w.unrelayed = r == nil
 	w.mu.Unlock()
 	if over {
 		w.overOnce.Do(func() { close(w.over) })
 	}
-	select {
-	case w.kick <- struct{}{}:
-	default:
+	if r != nil {
+		r.kick()
 	}
 }
 
@@ -122,33 +126,33 @@ func (w *usageWatch) budgetError() string {
 }
 
 // relay reports the child's usage to the chat turn that awaits the run
-// (ctx is the tool call's), from its own goroutine, until stop is called;
-// stop (idempotent) reports the last usage once more and returns when the
-// relay ended.
+// (ctx is the tool call's), on a goroutine of its own after each new
+// report (onDemand), until stop is called; stop (idempotent) reports the
+// last usage once more and returns when the relay ended.
 func (w *usageWatch) relay(ctx context.Context, runID string) (stop func()) {
-	done := make(chan struct{})
-	quit := make(chan struct{})
 	report := func() {
 		if u := w.usage(); u != nil {
 			_ = chat.ReportChildUsage(ctx, runID, *u)
 		}
 	}
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-w.kick:
-				report()
-			case <-quit:
-				return
-			}
-		}
-	}()
+	r := newOnDemand(report)
+	w.mu.Lock()
+	w.relayer = r
+	pending := w.unrelayed
+	w.unrelayed = false
+	w.mu.Unlock()
+	if pending {
+		r.kick()
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			close(quit)
-			<-done
+			w.mu.Lock()
+			if w.relayer == r {
+				w.relayer = nil
+			}
+			w.mu.Unlock()
+			r.stop()
 			report()
 		})
 	}
