@@ -23,7 +23,8 @@ type head struct {
 // (the frames of streams and agent-tool events are most of the traffic,
 // and the handlers that take them decode them anyway). ok is false for
 // any other shape, or a type with an escape or not in UTF-8, which
-// dispatch decodes.
+// dispatch decodes. A frame with a second "type" member, which the server
+// never writes, is read by its first (encoding/json reads the last).
 func leadingType(data []byte) (typ string, ok bool) {
 	const prefix = `{"type":"`
 	if !bytes.HasPrefix(data, []byte(prefix)) {

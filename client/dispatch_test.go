@@ -1,8 +1,11 @@
 package client
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
+
+	"github.com/agentry/agentry/jsonenc"
 )
 
 // FuzzLeadingType: the type leadingType reads without decoding the frame
@@ -32,17 +35,18 @@ func FuzzLeadingType(f *testing.F) {
 		if err := json.Unmarshal(data, &h); err != nil {
 			return // a frame the handlers refuse in their own decoding
 		}
-		var members map[string]json.RawMessage
-		if json.Unmarshal(data, &members) == nil && len(members) > 0 {
-			// A later duplicate "type" wins in encoding/json; the server
-			// never writes one.
-			var first struct {
-				Type string `json:"type"`
+		// A second "type" member (in any case: encoding/json matches keys
+		// so) wins in encoding/json; leadingType reads the first, and the
+		// server never writes two.
+		types := 0
+		jsonenc.Members(data, func(key, _ []byte) bool {
+			if bytes.EqualFold(key, []byte("type")) {
+				types++
 			}
-			_ = json.Unmarshal([]byte(`{"type":`+string(members["type"])+`}`), &first)
-			if first.Type != h.Type {
-				return
-			}
+			return true
+		})
+		if types > 1 {
+			return
 		}
 		if typ != h.Type {
 			t.Fatalf("leadingType(%q) = %q, encoding/json reads %q", data, typ, h.Type)
