@@ -19,8 +19,13 @@ import (
 // transcript holds from its comparison to its commit. It is brought up to
 // date after each commit that writes messages (wrote), and lost after a
 // write whose outcome is not known (lose): the next comparison reads the
-// rows again (rows). An instance that hydrates from the store starts with
+// rows again (load). An instance that hydrates from the store starts with
 // it lost; a new one starts with it empty.
+//
+// The hash is maphash's 64 bits under a seed of the mirror's own: a
+// changed message whose body hashed as the stored one's would not be
+// written, a chance of one in 2^64 per message compared, which no client
+// can aim at without the seed.
 type storedTranscript struct {
 	seed  maphash.Seed
 	known bool
