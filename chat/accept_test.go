@@ -19,36 +19,79 @@ import (
 	"github.com/agentry/agentry/store"
 )
 
-// transcriptReads wraps a store.DB and counts the statements of write
-// transactions that read the stored transcript (chat_messages).
-type transcriptReads struct {
+// transcriptWatch wraps a store.DB: it counts the statements that read
+// the stored transcript (chat_messages), in write transactions (writeReads)
+// and in read transactions (viewReads), and, once fail is set, fails the
+// next write transaction that writes a message (after its statements ran:
+// it rolls back).
+type transcriptWatch struct {
 	store.DB
-	n atomic.Int64
+	writeReads, viewReads atomic.Int64
+	fail                  atomic.Bool
 }
 
-func (d *transcriptReads) Update(ctx context.Context, fn func(store.Tx) error) error {
-	return d.DB.Update(ctx, func(tx store.Tx) error { return fn(readCountingTx{tx, d}) })
+func (d *transcriptWatch) View(ctx context.Context, fn func(store.Tx) error) error {
+	return d.DB.View(ctx, func(tx store.Tx) error { return fn(&watchedTx{Tx: tx, reads: &d.viewReads}) })
 }
 
-type readCountingTx struct {
+func (d *transcriptWatch) Update(ctx context.Context, fn func(store.Tx) error) error {
+	return d.DB.Update(ctx, func(tx store.Tx) error {
+		wt := &watchedTx{Tx: tx, reads: &d.writeReads}
+		if err := fn(wt); err != nil {
+			return err
+		}
+		if wt.wroteMessage && d.fail.CompareAndSwap(true, false) {
+			return errors.New("injected: the transaction that writes a message fails")
+		}
+		return nil
+	})
+}
+
+type watchedTx struct {
 	store.Tx
-	d *transcriptReads
+	reads        *atomic.Int64
+	wroteMessage bool
 }
 
-func (t readCountingTx) count(q string) {
+func (t *watchedTx) count(q string) {
 	if strings.Contains(q, "FROM chat_messages") {
-		t.d.n.Add(1)
+		t.reads.Add(1)
 	}
 }
 
-func (t readCountingTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+func (t *watchedTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
 	t.count(q)
 	return t.Tx.Query(ctx, q, args...)
 }
 
-func (t readCountingTx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+func (t *watchedTx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
 	t.count(q)
 	return t.Tx.QueryRow(ctx, q, args...)
+}
+
+func (t *watchedTx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	if strings.Contains(q, "INTO chat_messages") {
+		t.wroteMessage = true
+	}
+	return t.Tx.Exec(ctx, q, args...)
+}
+
+// startWatched starts a server with a Bot chat class on a watched
+// database.
+func startWatched(t *testing.T) (*testenv.Env, *transcriptWatch) {
+	t.Helper()
+	db := &transcriptWatch{}
+	env := testenv.Start(t, testenv.Options{
+		Postgres: &pg,
+		Clock:    clockwork.NewFakeClock(),
+		Classes:  []agent.Class{chatClass("Bot", &kit{model: scripted.New()})},
+		Setup:    func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
+		WrapDB: func(inner store.DB) store.DB {
+			db.DB = inner
+			return db
+		},
+	})
+	return env, db
 }
 
 // TestAcceptanceComparesOutsideTheWriter: a client's chat request carries
@@ -58,17 +101,7 @@ func (t readCountingTx) QueryRow(ctx context.Context, q string, args ...any) *sq
 // transcript read there would hold up all of them). What is stored is
 // the client's transcript and the answer, edits included.
 func TestAcceptanceComparesOutsideTheWriter(t *testing.T) {
-	reads := &transcriptReads{}
-	env := testenv.Start(t, testenv.Options{
-		Postgres: &pg,
-		Clock:    clockwork.NewFakeClock(),
-		Classes:  []agent.Class{chatClass("Bot", &kit{model: scripted.New()})},
-		Setup:    func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
-		WrapDB: func(db store.DB) store.DB {
-			reads.DB = db
-			return reads
-		},
-	})
+	env, reads := startWatched(t)
 	const path = "/agents/bot/accept"
 	c := dialReady(t, env, path)
 	var msgs []message.Message
@@ -78,11 +111,11 @@ func TestAcceptanceComparesOutsideTheWriter(t *testing.T) {
 			// The client edited its first message meanwhile.
 			msgs[0] = userMsgID("uone", "one, edited")
 		}
-		before := reads.n.Load()
+		before := reads.writeReads.Load()
 		id := "req-" + text
 		c.request(id, msgs...)
 		c.until(isDone(id))
-		if n := reads.n.Load() - before; n != 0 {
+		if n := reads.writeReads.Load() - before; n != 0 {
 			t.Fatalf("turn %q: %d reads of the stored transcript in write transactions, want 0", text, n)
 		}
 		msgs = getMessages(t, env.HTTP.URL, path)
@@ -96,57 +129,6 @@ func TestAcceptanceComparesOutsideTheWriter(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("stored transcript:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-}
-
-// views wraps a store.DB and counts the read transactions' statements
-// that read the stored transcript, and fails the write transaction that
-// writes a message once fail is set (after the transaction's statements
-// ran: it rolls back).
-type views struct {
-	store.DB
-	n    atomic.Int64
-	fail atomic.Bool
-}
-
-func (d *views) View(ctx context.Context, fn func(store.Tx) error) error {
-	return d.DB.View(ctx, func(tx store.Tx) error { return fn(viewCountingTx{tx, d}) })
-}
-
-func (d *views) Update(ctx context.Context, fn func(store.Tx) error) error {
-	return d.DB.Update(ctx, func(tx store.Tx) error {
-		ft := &failingTx{Tx: tx}
-		if err := fn(ft); err != nil {
-			return err
-		}
-		if ft.wroteMessage && d.fail.CompareAndSwap(true, false) {
-			return errors.New("injected: the transaction that writes a message fails")
-		}
-		return nil
-	})
-}
-
-type viewCountingTx struct {
-	store.Tx
-	d *views
-}
-
-func (t viewCountingTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	if strings.Contains(q, "FROM chat_messages") {
-		t.d.n.Add(1)
-	}
-	return t.Tx.Query(ctx, q, args...)
-}
-
-type failingTx struct {
-	store.Tx
-	wroteMessage bool
-}
-
-func (t *failingTx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	if strings.Contains(q, "INTO chat_messages") {
-		t.wroteMessage = true
-	}
-	return t.Tx.Exec(ctx, q, args...)
 }
 
 // storedTexts reads the stored transcript of a database's only chat
@@ -187,17 +169,7 @@ func storedTexts(t *testing.T, db store.DB) []string {
 // leaves the mirror as the rows are: the next request writes what the
 // failed one did not.
 func TestAcceptanceReadsNoStoredTranscript(t *testing.T) {
-	db := &views{}
-	env := testenv.Start(t, testenv.Options{
-		Postgres: &pg,
-		Clock:    clockwork.NewFakeClock(),
-		Classes:  []agent.Class{chatClass("Bot", &kit{model: scripted.New()})},
-		Setup:    func(rt *agent.Runtime) error { chat.Configure(rt, chat.Config{}); return nil },
-		WrapDB: func(inner store.DB) store.DB {
-			db.DB = inner
-			return db
-		},
-	})
+	env, db := startWatched(t)
 	const path = "/agents/bot/mirror"
 	c := dialReady(t, env, path)
 	var msgs []message.Message
@@ -211,7 +183,7 @@ func TestAcceptanceReadsNoStoredTranscript(t *testing.T) {
 	}
 	turn("one")
 	turn("two")
-	if n := db.n.Load(); n != 0 {
+	if n := db.viewReads.Load(); n != 0 {
 		t.Fatalf("%d reads of the stored transcript in two turns of a new instance, want 0", n)
 	}
 
@@ -230,9 +202,9 @@ func TestAcceptanceReadsNoStoredTranscript(t *testing.T) {
 	if got := storedTexts(t, env.DB); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("stored transcript after a failed acceptance:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	before := db.n.Load()
+	before := db.viewReads.Load()
 	turn("five")
-	if n := db.n.Load() - before; n != 0 {
+	if n := db.viewReads.Load() - before; n != 0 {
 		t.Fatalf("%d reads of the stored transcript in the turn after the reread, want 0", n)
 	}
 }

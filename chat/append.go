@@ -37,15 +37,11 @@ func (b *Base) AppendMessages(ctx context.Context, msgs []message.Message) (int,
 	if len(add) == 0 {
 		return 0, nil
 	}
-	var plan transcriptPlan
-	for i := range add {
-		w, err := encodeMessage(base+i, &add[i])
-		if err != nil {
-			return 0, fmt.Errorf("chat: append messages: %w", err)
-		}
-		plan.writes = append(plan.writes, w.writes...)
+	plan, err := encodeMessages(base, add)
+	if err != nil {
+		return 0, fmt.Errorf("chat: append messages: %w", err)
 	}
-	err := c.b.DB().Update(ctx, func(tx store.Tx) error { return plan.apply(ctx, tx, c.iid) })
+	err = c.b.DB().Update(ctx, func(tx store.Tx) error { return plan.apply(ctx, tx, c.iid) })
 	c.stored.wrote(plan, err)
 	if err != nil {
 		return 0, fmt.Errorf("chat: append messages: %w", err)

@@ -441,7 +441,7 @@ func (c *core) answer(ctx context.Context, origin *agent.Conn, toolCallID string
 	}
 	if !opts.AutoContinue || len(waitingCalls(m)) > 0 {
 		// Stored alone: another answer (or a request) goes on from it.
-		plan, err := encodeMessage(len(msgs)-1, &m)
+		plan, err := encodeMessages(len(msgs)-1, []message.Message{m})
 		if err != nil {
 			return "", fmt.Errorf("chat: store tool answer: %w", err)
 		}

@@ -118,7 +118,7 @@ func (s *storedTranscript) diff(msgs []message.Message) (transcriptPlan, error) 
 		r, stored := s.rows[m.ID]
 		if stored && !repeated {
 			matched++
-			if r.pos == i && r.sum == s.sum(string(buf)) {
+			if r.pos == i && r.sum == maphash.Bytes(s.seed, buf) { // as sum(string(buf)), without the copy
 				continue
 			}
 		}
@@ -148,11 +148,16 @@ func (s *storedTranscript) plan(ctx context.Context, db store.DB, iid int64, msg
 	return s.diff(msgs)
 }
 
-// encodeMessage plans the write of m at pos.
-func encodeMessage(pos int, m *message.Message) (transcriptPlan, error) {
-	body, err := m.MarshalJSON() // what json.Marshal writes, without its second pass
-	if err != nil {
-		return transcriptPlan{}, fmt.Errorf("encode message %s: %w", m.ID, err)
+// encodeMessages plans the writes of msgs at the positions from first on.
+func encodeMessages(first int, msgs []message.Message) (transcriptPlan, error) {
+	p := transcriptPlan{writes: make([]plannedMessage, 0, len(msgs))}
+	for i := range msgs {
+		m := &msgs[i]
+		body, err := m.MarshalJSON() // what json.Marshal writes, without its second pass
+		if err != nil {
+			return transcriptPlan{}, fmt.Errorf("encode message %s: %w", m.ID, err)
+		}
+		p.writes = append(p.writes, plannedMessage{pos: first + i, m: m, body: string(body)})
 	}
-	return transcriptPlan{writes: []plannedMessage{{pos: pos, m: m, body: string(body)}}}, nil
+	return p, nil
 }

@@ -143,7 +143,7 @@ func loadMessages(ctx context.Context, tx store.Tx, iid int64) ([]message.Messag
 }
 
 // transcriptPlan is a change to the stored transcript (storedTranscript's
-// diff, appendMessages, encodeMessage): the messages to write, with their
+// diff, encodeMessages): the messages to write, with their
 // positions and encodings, and the stored ones to delete.
 type transcriptPlan struct {
 	writes  []plannedMessage
@@ -174,17 +174,13 @@ func (p transcriptPlan) apply(ctx context.Context, tx store.Tx, iid int64) error
 // appendMessages adds msgs after the stored transcript and returns what
 // it wrote.
 func appendMessages(ctx context.Context, tx store.Tx, iid int64, msgs []message.Message) (transcriptPlan, error) {
-	var p transcriptPlan
 	var last int
 	if err := tx.QueryRow(ctx, `SELECT COALESCE(MAX(position), -1) FROM chat_messages WHERE instance_id = ?`, iid).Scan(&last); err != nil {
-		return p, err
+		return transcriptPlan{}, err
 	}
-	for i := range msgs {
-		w, err := encodeMessage(last+1+i, &msgs[i])
-		if err != nil {
-			return p, err
-		}
-		p.writes = append(p.writes, w.writes...)
+	p, err := encodeMessages(last+1, msgs)
+	if err != nil {
+		return p, err
 	}
 	return p, p.apply(ctx, tx, iid)
 }

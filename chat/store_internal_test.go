@@ -63,16 +63,11 @@ func referenceReplace(ctx context.Context, tx store.Tx, iid int64, msgs []messag
 	if _, err := tx.Exec(ctx, `DELETE FROM chat_messages WHERE instance_id = ?`, iid); err != nil {
 		return err
 	}
-	for i := range msgs {
-		p, err := encodeMessage(i, &msgs[i])
-		if err != nil {
-			return err
-		}
-		if err := p.apply(ctx, tx, iid); err != nil {
-			return err
-		}
+	p, err := encodeMessages(0, msgs)
+	if err != nil {
+		return err
 	}
-	return nil
+	return p.apply(ctx, tx, iid)
 }
 
 // replace stores msgs in both instances and returns the writes the

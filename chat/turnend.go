@@ -71,7 +71,7 @@ func (c *core) finishTurn(ctx context.Context, t *turn, outcome, errText string)
 	if reorder {
 		plan, planErr = c.stored.plan(ctx, c.b.DB(), c.iid, msgs)
 	} else if hasMsg {
-		plan, planErr = encodeMessage(pos, &msg)
+		plan, planErr = encodeMessages(pos, []message.Message{msg})
 	}
 	wrote := false
 	var written transcriptPlan
