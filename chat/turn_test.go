@@ -324,23 +324,23 @@ func TestLastTurnIsForgotten(t *testing.T) {
 	if err != nil || first.Outcome != chat.OutcomeCompleted {
 		t.Fatalf("turn: %+v, %v", first, err)
 	}
-	views := r.db.views.Load()
+	views := r.db.chatReads.Load()
 	if res, err := a.WaitTurn(ctx, id); err != nil || chat.MessageText(res.Message) != chat.MessageText(first.Message) {
 		t.Fatalf("waiting again: %+v, %v", res, err)
 	}
-	if n := r.db.views.Load() - views; n != 0 {
+	if n := r.db.chatReads.Load() - views; n != 0 {
 		t.Fatalf("a waiter just after the end read the store %d times, want 0", n)
 	}
 	clock.Advance(10 * time.Second)
 	// The drop runs in the clock's goroutine: wait for a waiter to read
 	// the store (no sleep; bounded by the test's deadline).
 	for {
-		views := r.db.views.Load()
+		views := r.db.chatReads.Load()
 		res, err := a.WaitTurn(ctx, id)
 		if err != nil || res.Outcome != chat.OutcomeCompleted || chat.MessageText(res.Message) != "You said: hi" {
 			t.Fatalf("waiting after the last turn was forgotten: %+v, %v", res, err)
 		}
-		if r.db.views.Load() > views {
+		if r.db.chatReads.Load() > views {
 			break
 		}
 		if ctx.Err() != nil {
